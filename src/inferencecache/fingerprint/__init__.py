@@ -1,0 +1,100 @@
+"""Content fingerprint of token ids (contract spec §8), the one formula every part shares.
+
+XXH3-64 seed 1337 over each full block of `block_size` token ids (4 bytes little-endian each),
+chained: `prefix[i] = XXH3(le64(prefix[i-1]) || le64(content[i]))`, so block i's hash names the
+whole prefix 0..i. On the wire a hash is 8 bytes big-endian. docs/fingerprint.md has the rules,
+the input types each function takes, and measured costs.
+
+Two implementations with identical results: the C accelerator `_native` (used when built) and
+the pure-Python twin `pure` (`INFERENCECACHE_PURE_PYTHON=1` forces it). With
+`INFERENCECACHE_REQUIRE_NATIVE=1` a missing build is an ImportError here. `IMPLEMENTATION`
+says which one is active.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+SEED = 1337
+"""The frozen XXH3-64 seed of the fingerprint."""
+
+HASH_BYTES = 8
+"""Bytes per hash in wire form (big-endian uint64)."""
+
+MAX_U32 = 0xFFFFFFFF
+"""Largest token id."""
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_native_error: ImportError | None = None
+try:
+    from . import _native as _native_module  # noqa: F401  (imported to learn whether it exists)
+except ImportError as exc:  # not built on this machine
+    _native_error = exc
+    if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
+        raise ImportError(
+            "inferencecache.fingerprint._native is not built and INFERENCECACHE_REQUIRE_NATIVE=1; "
+            "rebuild with `pip install -e .` (needs a C compiler and Python headers)"
+        ) from exc
+
+IMPLEMENTATION: Literal["native", "python"]
+if _native_error is None and not _env_flag("INFERENCECACHE_PURE_PYTHON"):
+    from ._native import (
+        chain,
+        chain_from_varints,
+        chain_packed,
+        decode_varints,
+        prefix_hashes,
+        split_packed,
+        varint_count,
+    )
+
+    IMPLEMENTATION = "native"
+else:
+    from .pure import (
+        chain,
+        chain_from_varints,
+        chain_packed,
+        decode_varints,
+        prefix_hashes,
+        split_packed,
+        varint_count,
+    )
+
+    IMPLEMENTATION = "python"
+
+
+def to_bytes(h: int) -> bytes:
+    """Wire form of a hash: 8 bytes big-endian (ValueError outside 0..2**64-1)."""
+    try:
+        return h.to_bytes(8, "big")
+    except OverflowError:
+        raise ValueError(f"hash {h!r} is outside 0..18446744073709551615") from None
+
+
+def from_bytes(b: bytes) -> int:
+    """Inverse of `to_bytes` (ValueError unless exactly 8 bytes)."""
+    if len(b) != HASH_BYTES:
+        raise ValueError(f"a hash is {HASH_BYTES} bytes, got {len(b)}")
+    return int.from_bytes(b, "big")
+
+
+__all__ = [
+    "HASH_BYTES",
+    "IMPLEMENTATION",
+    "MAX_U32",
+    "SEED",
+    "chain",
+    "chain_from_varints",
+    "chain_packed",
+    "decode_varints",
+    "from_bytes",
+    "prefix_hashes",
+    "split_packed",
+    "to_bytes",
+    "varint_count",
+]

@@ -1,0 +1,26 @@
+"""Type stubs for the C accelerator built from _native.c (twin: pure.py, same signatures)."""
+
+from array import array
+from collections.abc import Iterable
+from typing import SupportsIndex, TypeAlias
+
+from typing_extensions import Buffer
+
+TokenIds: TypeAlias = Iterable[SupportsIndex] | Buffer
+
+def xxh3_64(data: Buffer, seed: SupportsIndex = 0) -> int: ...
+def prefix_hashes(
+    tokens: TokenIds, block_size: SupportsIndex, parent: SupportsIndex | None = None
+) -> list[int]: ...
+def chain_packed(
+    tokens: TokenIds, block_size: SupportsIndex, parent: SupportsIndex | None = None
+) -> bytes: ...
+def chain(
+    tokens: TokenIds, block_size: SupportsIndex, parent: SupportsIndex | None = None
+) -> tuple[list[bytes], list[int]]: ...
+def split_packed(packed: Buffer, /) -> list[bytes]: ...
+def varint_count(buf: Buffer, /) -> int: ...
+def decode_varints(buf: Buffer, /) -> array[int]: ...
+def chain_from_varints(
+    buf: Buffer, block_size: SupportsIndex, parent: SupportsIndex | None = None
+) -> bytes: ...
