@@ -1,0 +1,2169 @@
+/*
+ * inferencecache.index._blockmap: the compiled PartitionStore (src/inferencecache/index/store.py).
+ *
+ * One BlockMap per partition: key bytes -> replica -> (tokens, last_seen, tier, access).
+ * Design, slot layout and memory figures: docs/index-store.md. In short:
+ *
+ * - An open-addressing table of 40-byte slots, power-of-two capacity, linear probing,
+ *   backward-shift deletion (no tombstones), load <= 3/4, doubling growth, halving shrink when
+ *   the load falls under 1/8. The probe position is splitmix64(key) so sequential or
+ *   structured 8-byte keys spread evenly.
+ * - An 8-byte key (the fingerprint: nearly all traffic) is stored inline as its 8 bytes.
+ *   Any other length goes to a side table of exact `bytes` objects (the slot keeps its index
+ *   and a LONG flag); lookups compare those bytes exactly, never a hash of them.
+ * - The first hold of a key lives in the slot; further holds of the same key live in an
+ *   overflow arena of 32-byte entries linked from the slot, with a free list.
+ * - walk/credit resolve each block's slot through a two-stage software pipeline (prefetch the
+ *   home slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks
+ *   ahead) so the cache misses of a long chain overlap instead of queueing.
+ *
+ * Every call runs with the GIL held and never releases it, so calls are atomic to each other.
+ * A `busy` flag rejects re-entrant calls (e.g. from a finalizer that a garbage collection
+ * started mid-call) instead of letting them move slots under the running call. All memory is
+ * allocated with PyMem_Raw* so tracemalloc sees it too.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define BM_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#define BM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define BM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define BM_PREFETCH(p) ((void)(p))
+#define BM_LIKELY(x) (x)
+#define BM_UNLIKELY(x) (x)
+#endif
+
+/* Result bits, equal to the constants of inferencecache.index.store (checked by tests). */
+#define NEW_KEY 1
+#define NEW_HOLD 2
+#define HOLD_REMOVED 1
+#define KEY_REMOVED 2
+
+#define BM_LONG UINT32_C(0x80000000) /* slot's key is a side-table index (not 8 bytes) */
+#define IDX_MASK UINT32_C(0x7fffffff) /* overflow entry index + 1; 0 = end of chain */
+#define MIN_CAP ((size_t)8)
+#define OVF_MIN_CAP ((uint32_t)16)
+#define LK_MIN_CAP ((size_t)4)
+#define REP_MAX UINT32_C(0xfffffffe) /* largest replica; stored + 1, 0 marks an empty slot */
+#define ACCESS_MAX INT64_MAX
+
+/* Prefetch pipeline distances (blocks ahead) and ring size (power of two > PF_A + 1).
+ * Measured on the bench shape (docs/index-store.md); -D overrides are for tuning only. */
+#ifndef PF_A
+#define PF_A 20
+#endif
+#ifndef PF_B
+#define PF_B 10
+#endif
+#define RING 32
+
+/* ======================================================================================= */
+/* Layout                                                                                  */
+/* ======================================================================================= */
+
+/* The fields of a hold that a walk reads. In a slot, `next` also carries BM_LONG; in the
+ * arena it never does. The LFU access count lives apart (see Slot and Ovf). */
+typedef struct {
+    int64_t last_seen;
+    uint32_t rep1; /* replica + 1; 0 = empty slot / free arena entry */
+    int32_t tokens;
+    int32_t tier;
+    uint32_t next; /* bit 31: LONG (slots only); bits 0..30: next overflow entry index + 1 */
+} Hold;
+
+/* 32 bytes, 64-byte aligned table: a probe touches one cache line. The inline hold's access
+ * count is in the parallel array BlockMap.sacc, which walks never read. */
+typedef struct {
+    uint64_t key; /* the 8 key bytes (native-endian load), or the side-table index if LONG */
+    Hold h;       /* first hold, inline */
+} Slot;
+
+/* An overflow arena entry: a further hold of a key, with its access count. */
+typedef struct {
+    Hold h;
+    int64_t access; /* LFU count, saturating at INT64_MAX */
+} Ovf;
+
+typedef struct {
+    uint64_t hash;   /* hash_long of the bytes; free-list link (index + 1) when bytes is NULL */
+    PyObject *bytes; /* exact bytes object owned by the map, NULL = free entry */
+} LongKey;
+
+_Static_assert(sizeof(Hold) == 24, "Hold must be 24 bytes");
+_Static_assert(sizeof(Slot) == 32, "Slot must be 32 bytes");
+_Static_assert(sizeof(Ovf) == 32, "Ovf must be 32 bytes");
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;     /* 64-byte aligned inside slots_raw */
+    void *slots_raw; /* allocation of slots */
+    int64_t *sacc;   /* access count of each slot's inline hold */
+    size_t mask;     /* capacity - 1 */
+    size_t nkeys;
+    size_t nholds;
+    Ovf *ovf;
+    uint32_t ovf_cap;
+    uint32_t ovf_top;  /* high-water mark: entries [0, top) were handed out at least once */
+    uint32_t ovf_free; /* free-list head (index + 1), 0 = empty */
+    uint32_t ovf_live;
+    LongKey *lk;
+    size_t lk_cap;
+    size_t lk_top;
+    size_t lk_free; /* index + 1 */
+    size_t lk_live;
+    size_t lk_bytes; /* sizes of the side table's bytes objects */
+    uint64_t version; /* bumped on every structural change (holds() iterators check it) */
+    int busy;
+} BlockMap;
+
+static PyTypeObject BlockMapType;
+static PyTypeObject HoldsIterType;
+
+/* The hold of arena entry idx1 (index + 1). */
+#define OH(m, idx1) (&(m)->ovf[(idx1) - 1].h)
+
+/* Set once at module init from inferencecache.index.store, never changed afterwards. */
+static PyObject *RunType = NULL;
+static PyObject *HoldType = NULL;
+static int run_fast = 0;  /* the NamedTuple can be filled like a tuple (see make_named) */
+static int hold_fast = 0;
+
+/* ======================================================================================= */
+/* Hashing                                                                                 */
+/* ======================================================================================= */
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64 finalizer */
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t load64(const void *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Keys that are not 8 bytes long (rare): any decent spread will do, equality is exact. */
+static uint64_t hash_long(const char *p, Py_ssize_t n) {
+    uint64_t h = UINT64_C(0x9e3779b97f4a7c15) ^ ((uint64_t)n * UINT64_C(0xff51afd7ed558ccd));
+    while (n >= 8) {
+        h = mix64(h ^ load64(p)) + UINT64_C(0x632be59bd9b4e019);
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    if (n > 0) memcpy(&w, p, (size_t)n);
+    return mix64(h ^ w ^ ((uint64_t)n << 59));
+}
+
+static inline uint64_t key_hash(const char *p, Py_ssize_t n) {
+    return BM_LIKELY(n == 8) ? mix64(load64(p)) : hash_long(p, n);
+}
+
+static inline uint64_t slot_hash(const BlockMap *m, const Slot *s) {
+    return BM_UNLIKELY(s->h.next & BM_LONG) ? m->lk[s->key].hash : mix64(s->key);
+}
+
+/* Two's complement view of the low 32 bits, without implementation-defined conversions. */
+static inline int32_t wrap32(uint32_t v) {
+    return v <= (uint32_t)INT32_MAX ? (int32_t)v : (int32_t)(-(int64_t)(UINT32_MAX - v) - 1);
+}
+
+/* ======================================================================================= */
+/* Table primitives                                                                        */
+/* ======================================================================================= */
+
+/* Ask for transparent huge pages on a big table before it is first touched: lookups land on
+ * random slots, and with 4 KiB pages nearly every block of a walk would also miss the TLB
+ * (costly under virtualisation). Only a hint; a no-op where unsupported. */
+static void advise_huge(void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)1 << 21;
+    if (n < 2 * huge) return;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t b = ((uintptr_t)p + n) & ~(huge - 1);
+    if (b > a) (void)madvise((void *)a, (size_t)(b - a), MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* 1 and *pos = the key's slot, or 0 and *pos = the first empty slot of its probe sequence. */
+static inline int probe(const BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h,
+                        size_t *pos) {
+    size_t mask = m->mask;
+    size_t i = (size_t)h & mask;
+    const Slot *slots = m->slots;
+    if (BM_LIKELY(kl == 8)) {
+        uint64_t k = load64(kp);
+        for (;;) {
+            const Slot *s = &slots[i];
+            if (s->h.rep1 == 0) break;
+            if (s->key == k && !(s->h.next & BM_LONG)) {
+                *pos = i;
+                return 1;
+            }
+            i = (i + 1) & mask;
+        }
+    } else {
+        for (;;) {
+            const Slot *s = &slots[i];
+            if (s->h.rep1 == 0) break;
+            if (s->h.next & BM_LONG) {
+                const LongKey *e = &m->lk[s->key];
+                if (e->hash == h && PyBytes_GET_SIZE(e->bytes) == kl &&
+                    memcmp(PyBytes_AS_STRING(e->bytes), kp, (size_t)kl) == 0) {
+                    *pos = i;
+                    return 1;
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+    *pos = i;
+    return 0;
+}
+
+/* A zeroed table of ncap slots aligned to 64 bytes, and its zeroed access array. */
+static int table_alloc(size_t ncap, void **raw, Slot **slots, int64_t **acc) {
+    if (ncap > ((size_t)-1 - 64) / sizeof(Slot)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *raw = PyMem_RawCalloc(1, ncap * sizeof(Slot) + 64);
+    *acc = (int64_t *)PyMem_RawCalloc(ncap, sizeof(int64_t));
+    if (*raw == NULL || *acc == NULL) {
+        PyMem_RawFree(*raw);
+        PyMem_RawFree(*acc);
+        PyErr_NoMemory();
+        return -1;
+    }
+    *slots = (Slot *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+    advise_huge(*slots, ncap * sizeof(Slot));
+    return 0;
+}
+
+static int bm_resize(BlockMap *m, size_t ncap) {
+    void *raw;
+    Slot *ns;
+    int64_t *nacc;
+    if (table_alloc(ncap, &raw, &ns, &nacc) < 0) return -1;
+    size_t nmask = ncap - 1;
+    size_t cap = m->mask + 1;
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) continue;
+        size_t j = (size_t)slot_hash(m, s) & nmask;
+        while (ns[j].h.rep1 != 0) j = (j + 1) & nmask;
+        ns[j] = *s;
+        nacc[j] = m->sacc[i];
+    }
+    PyMem_RawFree(m->slots_raw);
+    PyMem_RawFree(m->sacc);
+    m->slots_raw = raw;
+    m->slots = ns;
+    m->sacc = nacc;
+    m->mask = nmask;
+    m->version++;
+    return 0;
+}
+
+static inline int bm_reserve_one(BlockMap *m) {
+    size_t cap = m->mask + 1;
+    if (BM_UNLIKELY((m->nkeys + 1) * 4 > cap * 3)) return bm_resize(m, cap * 2);
+    return 0;
+}
+
+/* Backward-shift deletion: empty slot i and pull later members of its cluster back. */
+static void bm_delete_slot(BlockMap *m, size_t i) {
+    size_t mask = m->mask;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        Slot *s = &m->slots[j];
+        if (s->h.rep1 == 0) break;
+        size_t home = (size_t)slot_hash(m, s) & mask;
+        /* s may move into the hole iff its home is not cyclically inside (i, j]. */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            m->slots[i] = *s;
+            m->sacc[i] = m->sacc[j];
+            i = j;
+        }
+    }
+    memset(&m->slots[i], 0, sizeof(Slot));
+    m->sacc[i] = 0;
+}
+
+/* ---- overflow arena ---- */
+
+static int ovf_alloc(BlockMap *m, uint32_t *idx1) {
+    if (m->ovf_free != 0) {
+        *idx1 = m->ovf_free;
+        m->ovf_free = OH(m, *idx1)->next;
+    } else {
+        if (m->ovf_top == m->ovf_cap) {
+            if (m->ovf_cap >= IDX_MASK / 2 + 1) {
+                PyErr_SetString(PyExc_MemoryError, "BlockMap overflow arena is full");
+                return -1;
+            }
+            uint32_t ncap = m->ovf_cap ? m->ovf_cap * 2 : OVF_MIN_CAP;
+            if (ncap > IDX_MASK) ncap = IDX_MASK;
+            Ovf *na = (Ovf *)PyMem_RawRealloc(m->ovf, (size_t)ncap * sizeof(Ovf));
+            if (na == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->ovf = na;
+            m->ovf_cap = ncap;
+            advise_huge(na, (size_t)ncap * sizeof(Ovf));
+        }
+        *idx1 = ++m->ovf_top;
+    }
+    m->ovf_live++;
+    return 0;
+}
+
+static inline void ovf_release(BlockMap *m, uint32_t idx1) {
+    Hold *x = OH(m, idx1);
+    x->rep1 = 0;
+    x->next = m->ovf_free;
+    m->ovf_free = idx1;
+    m->ovf_live--;
+}
+
+/* Slide live entries down (keeping their order, hence the locality of chains ingested
+ * together), fix every link and give the tail back. Runs when the arena is mostly free. */
+static int ovf_compact(BlockMap *m) {
+    uint32_t top = m->ovf_top;
+    uint32_t *remap = (uint32_t *)PyMem_RawMalloc((size_t)(top ? top : 1) * sizeof(uint32_t));
+    if (remap == NULL) return -1; /* keep the sparse arena: still correct */
+    uint32_t w = 0;
+    for (uint32_t r = 0; r < top; r++) {
+        if (m->ovf[r].h.rep1 != 0) {
+            if (w != r) m->ovf[w] = m->ovf[r];
+            remap[r] = ++w;
+        } else {
+            remap[r] = 0;
+        }
+    }
+    for (uint32_t r = 0; r < w; r++) {
+        uint32_t nx = m->ovf[r].h.next;
+        if (nx) m->ovf[r].h.next = remap[nx - 1];
+    }
+    size_t cap = m->mask + 1;
+    for (size_t i = 0; i < cap; i++) {
+        Slot *s = &m->slots[i];
+        uint32_t nx = s->h.next & IDX_MASK;
+        if (s->h.rep1 != 0 && nx) s->h.next = (s->h.next & BM_LONG) | remap[nx - 1];
+    }
+    PyMem_RawFree(remap);
+    m->ovf_top = w;
+    m->ovf_free = 0;
+    uint32_t ncap = OVF_MIN_CAP;
+    while (ncap < w * 2u && ncap < IDX_MASK / 2 + 1) ncap *= 2;
+    if (w == 0) {
+        PyMem_RawFree(m->ovf);
+        m->ovf = NULL;
+        m->ovf_cap = 0;
+    } else if (ncap < m->ovf_cap) {
+        Ovf *na = (Ovf *)PyMem_RawRealloc(m->ovf, (size_t)ncap * sizeof(Ovf));
+        if (na != NULL) {
+            m->ovf = na;
+            m->ovf_cap = ncap;
+        }
+    }
+    m->version++;
+    return 0;
+}
+
+/* ---- side table of keys that are not 8 bytes ---- */
+
+static int lk_alloc(BlockMap *m, uint64_t h, const char *kp, Py_ssize_t kl, PyObject *keyobj,
+                    size_t *out) {
+    PyObject *b;
+    if (keyobj != NULL && PyBytes_CheckExact(keyobj)) {
+        b = Py_NewRef(keyobj);
+    } else {
+        b = PyBytes_FromStringAndSize(kp, kl);
+        if (b == NULL) return -1;
+    }
+    size_t idx;
+    if (m->lk_free != 0) {
+        idx = m->lk_free - 1;
+        m->lk_free = (size_t)m->lk[idx].hash;
+    } else {
+        if (m->lk_top == m->lk_cap) {
+            size_t ncap = m->lk_cap ? m->lk_cap * 2 : LK_MIN_CAP;
+            LongKey *na = (LongKey *)PyMem_RawRealloc(m->lk, ncap * sizeof(LongKey));
+            if (na == NULL) {
+                Py_DECREF(b);
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->lk = na;
+            m->lk_cap = ncap;
+        }
+        idx = m->lk_top++;
+    }
+    m->lk[idx].hash = h;
+    m->lk[idx].bytes = b;
+    m->lk_live++;
+    m->lk_bytes += (size_t)PyBytes_Type.tp_basicsize + (size_t)kl;
+    *out = idx;
+    return 0;
+}
+
+/* Detach side entry idx; the caller drops the returned reference once the table is sane. */
+static PyObject *lk_release(BlockMap *m, size_t idx) {
+    PyObject *b = m->lk[idx].bytes;
+    m->lk_bytes -= (size_t)PyBytes_Type.tp_basicsize + (size_t)PyBytes_GET_SIZE(b);
+    m->lk[idx].bytes = NULL;
+    m->lk[idx].hash = (uint64_t)m->lk_free;
+    m->lk_free = idx + 1;
+    m->lk_live--;
+    return b;
+}
+
+static int lk_compact(BlockMap *m) {
+    size_t top = m->lk_top;
+    size_t *remap = (size_t *)PyMem_RawMalloc((top ? top : 1) * sizeof(size_t));
+    if (remap == NULL) return -1;
+    size_t w = 0;
+    for (size_t r = 0; r < top; r++) {
+        if (m->lk[r].bytes != NULL) {
+            if (w != r) m->lk[w] = m->lk[r];
+            remap[r] = w++;
+        } else {
+            remap[r] = (size_t)-1;
+        }
+    }
+    size_t cap = m->mask + 1;
+    for (size_t i = 0; i < cap; i++) {
+        Slot *s = &m->slots[i];
+        if (s->h.rep1 != 0 && (s->h.next & BM_LONG)) s->key = remap[s->key];
+    }
+    PyMem_RawFree(remap);
+    m->lk_top = w;
+    m->lk_free = 0;
+    size_t ncap = LK_MIN_CAP;
+    while (ncap < w * 2) ncap *= 2;
+    if (w == 0) {
+        PyMem_RawFree(m->lk);
+        m->lk = NULL;
+        m->lk_cap = 0;
+    } else if (ncap < m->lk_cap) {
+        LongKey *na = (LongKey *)PyMem_RawRealloc(m->lk, ncap * sizeof(LongKey));
+        if (na != NULL) {
+            m->lk = na;
+            m->lk_cap = ncap;
+        }
+    }
+    return 0;
+}
+
+/* After removals: give memory back when the table or the arenas became sparse. A failure
+ * here only keeps the memory, so errors are cleared. */
+static void bm_maybe_shrink(BlockMap *m) {
+    size_t cap = m->mask + 1;
+    if (cap > MIN_CAP && m->nkeys * 8 < cap) {
+        size_t ncap = MIN_CAP;
+        while (ncap < m->nkeys * 2) ncap *= 2;
+        if (ncap < cap && bm_resize(m, ncap) < 0) PyErr_Clear();
+    }
+    if (m->ovf_cap >= 1024 && (uint64_t)m->ovf_live * 4 < m->ovf_cap) {
+        if (ovf_compact(m) < 0) PyErr_Clear();
+    }
+    if (m->lk_cap >= 64 && m->lk_live * 4 < m->lk_cap) {
+        if (lk_compact(m) < 0) PyErr_Clear();
+    }
+}
+
+/* Remove the key in slot pos entirely (its inline hold must be its only hold). Returns the
+ * side-table reference to drop, or NULL for an inline key. */
+static PyObject *bm_drop_slot(BlockMap *m, size_t pos) {
+    Slot *s = &m->slots[pos];
+    PyObject *b = NULL;
+    if (s->h.next & BM_LONG) b = lk_release(m, (size_t)s->key);
+    bm_delete_slot(m, pos);
+    m->nkeys--;
+    m->nholds--;
+    m->version++;
+    return b;
+}
+
+/* Remove the inline hold of slot pos: promote the first overflow hold, or drop the key.
+ * Returns 1 if the key went away. *dropped receives a reference to release (or NULL). */
+static int bm_remove_inline(BlockMap *m, size_t pos, PyObject **dropped) {
+    Slot *s = &m->slots[pos];
+    uint32_t nx = s->h.next & IDX_MASK;
+    *dropped = NULL;
+    if (nx) {
+        uint32_t flag = s->h.next & BM_LONG;
+        s->h = m->ovf[nx - 1].h;
+        s->h.next |= flag;
+        m->sacc[pos] = m->ovf[nx - 1].access;
+        ovf_release(m, nx);
+        m->nholds--;
+        m->version++;
+        return 0;
+    }
+    *dropped = bm_drop_slot(m, pos);
+    return 1;
+}
+
+/* ---- upsert ---- */
+
+/* Returns NEW_KEY|NEW_HOLD bits, or -1 with an exception set. */
+static int bm_upsert(BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h, PyObject *keyobj,
+                     uint32_t rep1, int32_t tokens, int64_t last_seen, int32_t tier) {
+    if (bm_reserve_one(m) < 0) return -1;
+    size_t pos;
+    if (probe(m, kp, kl, h, &pos)) {
+        Slot *s = &m->slots[pos];
+        Hold *x = &s->h;
+        for (;;) {
+            if (x->rep1 == rep1) {
+                x->tokens = tokens;
+                x->last_seen = last_seen;
+                x->tier = tier;
+                return 0;
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+        }
+        uint32_t idx1;
+        if (ovf_alloc(m, &idx1) < 0) return -1;
+        m->ovf[idx1 - 1].access = 0;
+        Hold *y = OH(m, idx1);
+        y->last_seen = last_seen;
+        y->rep1 = rep1;
+        y->tokens = tokens;
+        y->tier = tier;
+        y->next = s->h.next & IDX_MASK;
+        s->h.next = (s->h.next & BM_LONG) | idx1;
+        m->nholds++;
+        m->version++;
+        return NEW_HOLD;
+    }
+    uint64_t key;
+    uint32_t flag = 0;
+    if (BM_LIKELY(kl == 8)) {
+        key = load64(kp);
+    } else {
+        size_t idx;
+        if (lk_alloc(m, h, kp, kl, keyobj, &idx) < 0) return -1;
+        key = (uint64_t)idx;
+        flag = BM_LONG;
+    }
+    Slot *s = &m->slots[pos];
+    s->key = key;
+    s->h.last_seen = last_seen;
+    m->sacc[pos] = 0;
+    s->h.rep1 = rep1;
+    s->h.tokens = tokens;
+    s->h.tier = tier;
+    s->h.next = flag;
+    m->nkeys++;
+    m->nholds++;
+    m->version++;
+    return NEW_KEY | NEW_HOLD;
+}
+
+/* Full scans read slots in order (the hardware prefetcher follows) but jump to each key's
+ * overflow holds at random: prefetch the first overflow hold SCAN_AHEAD slots ahead. */
+#define SCAN_AHEAD 128
+static inline void scan_prefetch(const BlockMap *m, size_t i) {
+    size_t j = i + SCAN_AHEAD;
+    if (j <= m->mask) {
+        const Slot *s = &m->slots[j];
+        uint32_t nx = s->h.next & IDX_MASK;
+        if (s->h.rep1 != 0 && nx) BM_PREFETCH(OH(m, nx));
+    }
+}
+
+/* Python bytes of the key in slot s (new reference). */
+static PyObject *slot_key(const BlockMap *m, const Slot *s) {
+    if (s->h.next & BM_LONG) return Py_NewRef(m->lk[s->key].bytes);
+    return PyBytes_FromStringAndSize((const char *)&s->key, 8);
+}
+
+/* ======================================================================================= */
+/* Argument helpers                                                                        */
+/* ======================================================================================= */
+
+static int parse_args(const char *fname, const char *const *names, int n, PyObject *const *args,
+                      Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", fname, n, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nkw; k++) {
+            PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+            int found = 0;
+            for (int i = 0; i < n; i++) {
+                if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
+                    if (out[i] != NULL) {
+                        PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
+                                     fname, names[i]);
+                        return -1;
+                    }
+                    out[i] = args[nargs + k];
+                    found = 1;
+                    break;
+                }
+            }
+            if (!found) {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                             fname, key);
+                return -1;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Integer argument in [lo, hi]; OverflowError outside (the store has fixed-width fields). */
+static int as_range(PyObject *o, const char *what, long long lo, long long hi, long long *out) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow != 0 || v < lo || v > hi) {
+        PyErr_Format(PyExc_OverflowError, "%s=%R is outside %lld..%lld", what, o, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Any int, clamped to the long long range (counts such as k or blocks). */
+static int as_clamped(PyObject *o, long long *out) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = overflow > 0 ? LLONG_MAX : overflow < 0 ? LLONG_MIN : v;
+    return 0;
+}
+
+static int as_rep1(PyObject *o, uint32_t *out) {
+    long long v;
+    if (as_range(o, "replica", 0, (long long)REP_MAX, &v) < 0) return -1;
+    *out = (uint32_t)v + 1;
+    return 0;
+}
+
+static int as_i32(PyObject *o, const char *what, int32_t *out) {
+    long long v;
+    if (as_range(o, what, INT32_MIN, INT32_MAX, &v) < 0) return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int as_i64(PyObject *o, const char *what, int64_t *out) {
+    long long v;
+    if (as_range(o, what, INT64_MIN, INT64_MAX, &v) < 0) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int key_view(PyObject *o, const char **p, Py_ssize_t *n) {
+    if (BM_LIKELY(PyBytes_Check(o))) {
+        *p = PyBytes_AS_STRING(o);
+        *n = PyBytes_GET_SIZE(o);
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "a key must be bytes, not %.100s", Py_TYPE(o)->tp_name);
+    return -1;
+}
+
+/* A chain of keys: list/tuple (or any sequence) of bytes, or one packed bytes-like object of
+ * concatenated 8-byte keys. */
+typedef struct {
+    const char *packed;
+    PyObject *const *items;
+    Py_ssize_t n;
+    PyObject *seq; /* owned (PySequence_Fast result) */
+    Py_buffer view;
+    int has_view;
+} Keys;
+
+static void keys_close(Keys *k) {
+    Py_CLEAR(k->seq);
+    if (k->has_view) {
+        PyBuffer_Release(&k->view);
+        k->has_view = 0;
+    }
+}
+
+static int keys_open(PyObject *obj, Keys *k) {
+    memset(k, 0, sizeof(*k));
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        k->seq = Py_NewRef(obj);
+    } else if (PyBytes_Check(obj)) {
+        k->packed = PyBytes_AS_STRING(obj);
+        k->n = PyBytes_GET_SIZE(obj);
+    } else if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &k->view, PyBUF_SIMPLE) < 0) return -1;
+        k->has_view = 1;
+        k->packed = (const char *)k->view.buf;
+        k->n = k->view.len;
+    } else {
+        k->seq = PySequence_Fast(obj, "keys must be a sequence of bytes or packed 8-byte keys");
+        if (k->seq == NULL) return -1;
+    }
+    if (k->packed != NULL || k->has_view) {
+        k->n /= 8; /* a trailing partial key is ignored, as by the pure-Python twin */
+    } else {
+        k->items = PySequence_Fast_ITEMS(k->seq);
+        k->n = PySequence_Fast_GET_SIZE(k->seq);
+    }
+    return 0;
+}
+
+static inline int keys_get(const Keys *k, Py_ssize_t i, const char **p, Py_ssize_t *n) {
+    if (k->packed != NULL) {
+        *p = k->packed + 8 * i;
+        *n = 8;
+        return 0;
+    }
+    return key_view(k->items[i], p, n);
+}
+
+/* ======================================================================================= */
+/* Result construction                                                                     */
+/* ======================================================================================= */
+
+/* An instance of a NamedTuple class built from `items` (references stolen, all non-NULL).
+ * NamedTuple classes are plain tuple subclasses with no extra fields, so they can be
+ * allocated and filled like tuples (what CPython's tuple_subtype_new does); otherwise call
+ * the class. */
+static PyObject *make_named(PyObject *type, int fast, PyObject **items, Py_ssize_t n) {
+    PyObject *r = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL) goto fail;
+    if (fast) {
+        r = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+        if (r == NULL) goto fail;
+        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(r, i, items[i]);
+        return r;
+    }
+    r = PyObject_Vectorcall(type, items, (size_t)n, NULL);
+fail:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return r;
+}
+
+static PyObject *make_hold(const BlockMap *m, const Slot *s, const Hold *x, int64_t access) {
+    PyObject *it[6];
+    it[0] = slot_key(m, s);
+    it[1] = PyLong_FromUnsignedLong((unsigned long)(x->rep1 - 1));
+    it[2] = PyLong_FromLong((long)x->tokens);
+    it[3] = PyLong_FromLongLong((long long)x->last_seen);
+    it[4] = PyLong_FromLong((long)x->tier);
+    it[5] = PyLong_FromLongLong((long long)access);
+    return make_named(HoldType, hold_fast, it, 6);
+}
+
+/* ======================================================================================= */
+/* A small replica -> (a, b) map for per-replica aggregates                                */
+/* ======================================================================================= */
+
+typedef struct {
+    uint32_t rep1;
+    int64_t a;
+    int64_t b;
+} RMEntry;
+
+typedef struct {
+    RMEntry *e;
+    size_t cap; /* power of two */
+    size_t n;
+} RMap;
+
+static int rmap_init(RMap *r) {
+    r->cap = 16;
+    r->n = 0;
+    r->e = (RMEntry *)PyMem_RawCalloc(r->cap, sizeof(RMEntry));
+    if (r->e == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void rmap_free(RMap *r) {
+    PyMem_RawFree(r->e);
+    r->e = NULL;
+}
+
+static RMEntry *rmap_get(RMap *r, uint32_t rep1) {
+    size_t mask = r->cap - 1;
+    size_t i = (size_t)mix64(rep1) & mask;
+    while (r->e[i].rep1 != 0) {
+        if (r->e[i].rep1 == rep1) return &r->e[i];
+        i = (i + 1) & mask;
+    }
+    if ((r->n + 1) * 2 > r->cap) {
+        size_t ncap = r->cap * 2;
+        RMEntry *ne = (RMEntry *)PyMem_RawCalloc(ncap, sizeof(RMEntry));
+        if (ne == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (size_t k = 0; k < r->cap; k++) {
+            if (r->e[k].rep1 == 0) continue;
+            size_t j = (size_t)mix64(r->e[k].rep1) & (ncap - 1);
+            while (ne[j].rep1 != 0) j = (j + 1) & (ncap - 1);
+            ne[j] = r->e[k];
+        }
+        PyMem_RawFree(r->e);
+        r->e = ne;
+        r->cap = ncap;
+        mask = ncap - 1;
+        i = (size_t)mix64(rep1) & mask;
+        while (r->e[i].rep1 != 0) i = (i + 1) & mask;
+    }
+    r->e[i].rep1 = rep1;
+    r->e[i].a = 0;
+    r->e[i].b = INT64_MIN;
+    r->n++;
+    return &r->e[i];
+}
+
+/* ======================================================================================= */
+/* BlockMap: lifecycle                                                                     */
+/* ======================================================================================= */
+
+static int bm_enter(BlockMap *m) {
+    if (BM_UNLIKELY(m->busy)) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
+        return -1;
+    }
+    m->busy = 1;
+    return 0;
+}
+
+static PyObject *BM_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if ((args != NULL && PyTuple_GET_SIZE(args) != 0) || (kwds != NULL && PyDict_Size(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "BlockMap() takes no arguments");
+        return NULL;
+    }
+    BlockMap *m = (BlockMap *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    if (table_alloc(MIN_CAP, &m->slots_raw, &m->slots, &m->sacc) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    m->mask = MIN_CAP - 1;
+    return (PyObject *)m;
+}
+
+static void bm_clear_all(BlockMap *m) {
+    for (size_t i = 0; i < m->lk_top; i++) Py_CLEAR(m->lk[i].bytes);
+    PyMem_RawFree(m->lk);
+    PyMem_RawFree(m->ovf);
+    PyMem_RawFree(m->slots_raw);
+    PyMem_RawFree(m->sacc);
+    m->lk = NULL;
+    m->ovf = NULL;
+    m->slots_raw = NULL;
+    m->slots = NULL;
+    m->sacc = NULL;
+}
+
+static void BM_dealloc(BlockMap *m) {
+    bm_clear_all(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static size_t bm_memory(const BlockMap *m) {
+    return sizeof(BlockMap) + (m->mask + 1) * (sizeof(Slot) + sizeof(int64_t)) + 64 +
+           (size_t)m->ovf_cap * sizeof(Ovf) + m->lk_cap * sizeof(LongKey) + m->lk_bytes;
+}
+
+/* ======================================================================================= */
+/* BlockMap: methods                                                                       */
+/* ======================================================================================= */
+
+static PyObject *BM_key_count(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(m->nkeys);
+}
+
+static PyObject *BM_hold_count(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(m->nholds);
+}
+
+static PyObject *BM_memory_bytes(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(bm_memory(m));
+}
+
+static PyObject *BM_sizeof(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(bm_memory(m));
+}
+
+static PyObject *BM_capacity(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(m->mask + 1);
+}
+
+static const char *const upsert_names[] = {"key", "replica", "tokens", "last_seen", "tier"};
+
+static PyObject *BM_upsert(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    PyObject *a[5];
+    if (parse_args("upsert", upsert_names, 5, args, nargs, kwnames, a) < 0) return NULL;
+    const char *kp;
+    Py_ssize_t kl;
+    uint32_t rep1;
+    int32_t tokens, tier;
+    int64_t last_seen;
+    if (key_view(a[0], &kp, &kl) < 0 || as_rep1(a[1], &rep1) < 0 ||
+        as_i32(a[2], "tokens", &tokens) < 0 || as_i64(a[3], "last_seen", &last_seen) < 0 ||
+        as_i32(a[4], "tier", &tier) < 0)
+        return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    int r = bm_upsert(m, kp, kl, key_hash(kp, kl), a[0], rep1, tokens, last_seen, tier);
+    m->busy = 0;
+    if (r < 0) return NULL;
+    return PyLong_FromLong(r);
+}
+
+static const char *const upsert_many_names[] = {"keys", "tokens", "replica", "last_seen", "tier"};
+
+static PyObject *BM_upsert_many(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *a[5];
+    if (parse_args("upsert_many", upsert_many_names, 5, args, nargs, kwnames, a) < 0)
+        return NULL;
+    uint32_t rep1;
+    int32_t tier;
+    int64_t last_seen;
+    if (as_rep1(a[2], &rep1) < 0 || as_i64(a[3], "last_seen", &last_seen) < 0 ||
+        as_i32(a[4], "tier", &tier) < 0)
+        return NULL;
+    Keys ks;
+    if (keys_open(a[0], &ks) < 0) return NULL;
+    PyObject *tseq = NULL;
+    int32_t *tok = NULL;
+    PyObject *result = NULL;
+    tseq = PySequence_Fast(a[1], "tokens must be a sequence of int");
+    if (tseq == NULL) goto done;
+    /* Pairs up to the shorter sequence (zip), as the pure-Python twin does. */
+    Py_ssize_t n = ks.n < PySequence_Fast_GET_SIZE(tseq) ? ks.n : PySequence_Fast_GET_SIZE(tseq);
+    ks.n = n;
+    /* Validate everything first so a bad element leaves the map untouched. */
+    tok = (int32_t *)PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (tok == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(tseq, i);
+        if (!PyLong_Check(t)) { /* ints only: no __index__ code may run half-way */
+            PyErr_Format(PyExc_TypeError, "tokens[%zd] must be int, not %.100s", i,
+                         Py_TYPE(t)->tp_name);
+            goto done;
+        }
+        if (as_i32(t, "tokens", &tok[i]) < 0) goto done;
+        if (ks.packed == NULL && !PyBytes_Check(ks.items[i])) {
+            const char *kp;
+            Py_ssize_t kl;
+            key_view(ks.items[i], &kp, &kl);
+            goto done;
+        }
+    }
+    if (bm_enter(m) < 0) goto done;
+    {
+        Py_ssize_t new_keys = 0, new_holds = 0;
+        uint64_t hring[RING];
+        Py_ssize_t a_next = 0;
+        int failed = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t alim = i + PF_A < n ? i + PF_A : n - 1;
+            for (; a_next <= alim; a_next++) {
+                const char *kp = NULL;
+                Py_ssize_t kl = 0;
+                keys_get(&ks, a_next, &kp, &kl); /* validated above: cannot fail */
+                uint64_t h = key_hash(kp, kl);
+                hring[a_next & (RING - 1)] = h;
+                BM_PREFETCH(&m->slots[(size_t)h & m->mask]);
+            }
+            const char *kp = NULL;
+            Py_ssize_t kl = 0;
+            keys_get(&ks, i, &kp, &kl);
+            int r = bm_upsert(m, kp, kl, hring[i & (RING - 1)],
+                              ks.packed ? NULL : ks.items[i], rep1, tok[i], last_seen, tier);
+            if (BM_UNLIKELY(r < 0)) {
+                failed = 1;
+                break;
+            }
+            new_keys += (r & NEW_KEY) != 0;
+            new_holds += (r & NEW_HOLD) != 0;
+        }
+        m->busy = 0;
+        if (!failed) result = Py_BuildValue("(nn)", new_keys, new_holds);
+    }
+done:
+    PyMem_RawFree(tok);
+    Py_XDECREF(tseq);
+    keys_close(&ks);
+    return result;
+}
+
+static const char *const holders_names[] = {"key", "fresh_after"};
+
+static PyObject *BM_holders(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("holders", holders_names, 2, args, nargs, kwnames, a) < 0) return NULL;
+    const char *kp;
+    Py_ssize_t kl;
+    int64_t fresh;
+    if (key_view(a[0], &kp, &kl) < 0 || as_i64(a[1], "fresh_after", &fresh) < 0) return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    size_t pos;
+    if (out != NULL && probe(m, kp, kl, key_hash(kp, kl), &pos)) {
+        /* Copy first: building the tuples allocates. */
+        Hold found[16];
+        Hold *buf = found;
+        size_t nf = 0, capf = 16;
+        const Hold *x = &m->slots[pos].h;
+        for (;;) {
+            if (x->last_seen > fresh) {
+                if (nf == capf) {
+                    Hold *nb = (Hold *)PyMem_RawMalloc(capf * 2 * sizeof(Hold));
+                    if (nb == NULL) {
+                        PyErr_NoMemory();
+                        Py_CLEAR(out);
+                        break;
+                    }
+                    memcpy(nb, buf, nf * sizeof(Hold));
+                    if (buf != found) PyMem_RawFree(buf);
+                    buf = nb;
+                    capf *= 2;
+                }
+                buf[nf++] = *x;
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+        }
+        for (size_t i = 0; out != NULL && i < nf; i++) {
+            PyObject *t = Py_BuildValue("(kiLi)", (unsigned long)(buf[i].rep1 - 1),
+                                        (int)buf[i].tokens, (long long)buf[i].last_seen,
+                                        (int)buf[i].tier);
+            if (t == NULL || PyList_Append(out, t) < 0) Py_CLEAR(out);
+            Py_XDECREF(t);
+        }
+        if (buf != found) PyMem_RawFree(buf);
+    }
+    m->busy = 0;
+    return out;
+}
+
+/* ---- walk ---- */
+
+typedef struct {
+    uint32_t rep1;
+    uint32_t tokens; /* wrapped sum of the request's counts over the run */
+    int64_t oldest;
+    int32_t tier;
+    int32_t pad;
+    Py_ssize_t stamp; /* last block the run covered */
+} RunState;
+
+#define RUNS_LOCAL 16
+#define RDIRECT 64 /* direct-mapped replica -> run buckets (low bits of replica + 1) */
+
+/* The runs of one walk, found by replica in O(1): interned replicas are small ints, so their
+ * low bits nearly always tell runs apart; a shared bucket falls back to a hash of all runs. */
+typedef struct {
+    RunState *runs;
+    Py_ssize_t nruns;
+    int32_t direct[RDIRECT]; /* 0: no run; > 0: run index + 1; -1: shared, see rix */
+    int32_t *rix;
+    size_t rix_mask;
+} RunTable;
+
+static int runs_index(RunTable *t) {
+    int shared = 0;
+    memset(t->direct, 0, sizeof(t->direct));
+    for (Py_ssize_t j = 0; j < t->nruns; j++) {
+        int32_t *d = &t->direct[t->runs[j].rep1 & (RDIRECT - 1)];
+        if (*d == 0) {
+            *d = (int32_t)(j + 1);
+        } else {
+            *d = -1;
+            shared = 1;
+        }
+    }
+    if (!shared) return 0;
+    size_t cap = 16;
+    while (cap < (size_t)t->nruns * 2) cap *= 2;
+    t->rix = (int32_t *)PyMem_RawCalloc(cap, sizeof(int32_t));
+    if (t->rix == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->rix_mask = cap - 1;
+    for (Py_ssize_t j = 0; j < t->nruns; j++) {
+        size_t q = (size_t)mix64(t->runs[j].rep1) & t->rix_mask;
+        while (t->rix[q] != 0) q = (q + 1) & t->rix_mask;
+        t->rix[q] = (int32_t)(j + 1);
+    }
+    return 0;
+}
+
+static inline RunState *runs_find(const RunTable *t, uint32_t rep1) {
+    int32_t d = t->direct[rep1 & (RDIRECT - 1)];
+    if (BM_LIKELY(d > 0)) {
+        RunState *r = &t->runs[d - 1];
+        return r->rep1 == rep1 ? r : NULL;
+    }
+    if (d == 0) return NULL;
+    size_t q = (size_t)mix64(rep1) & t->rix_mask;
+    while (t->rix[q] != 0) {
+        RunState *r = &t->runs[t->rix[q] - 1];
+        if (r->rep1 == rep1) return r;
+        q = (q + 1) & t->rix_mask;
+    }
+    return NULL;
+}
+
+/* counts[i] modulo 2**32, inline for compact ints. Only ints (and subclasses) are accepted,
+ * so no Python code (__index__) runs while the table is being read. */
+static inline int count_value(PyObject *o, Py_ssize_t i, uint32_t *out) {
+    if (BM_LIKELY(PyLong_CheckExact(o))) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+            *out = (uint32_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+            return 0;
+        }
+#else
+        Py_ssize_t size = Py_SIZE(o);
+        if (size == 1) {
+            *out = (uint32_t)((PyLongObject *)o)->ob_digit[0];
+            return 0;
+        }
+        if (size == 0) {
+            *out = 0;
+            return 0;
+        }
+        if (size == -1) {
+            *out = (uint32_t)0 - (uint32_t)((PyLongObject *)o)->ob_digit[0];
+            return 0;
+        }
+#endif
+    } else if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "counts[%zd] must be int, not %.100s", i,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Stage A of the pipeline for block j: hash, remember, prefetch the home slot's lines. */
+static inline int walk_stage_a(const BlockMap *m, const Keys *ks, Py_ssize_t j, const int packed,
+                               uint64_t *hash, const char **kp, Py_ssize_t *kl) {
+    int r = (int)(j & (RING - 1));
+    const char *p;
+    Py_ssize_t l;
+    if (packed) {
+        p = ks->packed + 8 * j;
+        l = 8;
+    } else if (BM_UNLIKELY(key_view(ks->items[j], &p, &l) < 0)) {
+        return -1;
+    }
+    uint64_t h = packed ? mix64(load64(p)) : key_hash(p, l);
+    hash[r] = h;
+    kp[r] = p;
+    kl[r] = l;
+    BM_PREFETCH(&m->slots[(size_t)h & m->mask]); /* one line: slots are 64-byte aligned */
+    return 0;
+}
+
+/* Stage B for block j: probe (its lines should be arriving) and prefetch its first overflow
+ * hold, so the dependent miss of a second holder overlaps too. */
+static inline void walk_stage_b(const BlockMap *m, Py_ssize_t j, const int packed,
+                                const uint64_t *hash, const char *const *kp,
+                                const Py_ssize_t *kl, Slot **slot) {
+    int r = (int)(j & (RING - 1));
+    size_t pos;
+    Slot *s = NULL;
+    if (probe(m, kp[r], packed ? 8 : kl[r], hash[r], &pos)) {
+        s = &m->slots[pos];
+        uint32_t nx = s->h.next & IDX_MASK;
+        if (nx) BM_PREFETCH(OH(m, nx));
+    }
+    slot[r] = s;
+}
+
+/* The walk proper over ks->n blocks. Fills t->runs (seeded by block 0's fresh holders) with
+ * their final state; returns -1 with an exception set on bad input. Specialised by `packed`
+ * (constant at each call site) so the packed form has no per-block type checks. */
+static inline int walk_core(const BlockMap *m, const Keys *ks, PyObject *const *citems,
+                            int64_t fresh, const int packed, RunTable *t, RunState *local) {
+    Py_ssize_t n = ks->n;
+    uint64_t hash[RING];
+    const char *kp[RING];
+    Py_ssize_t kl[RING];
+    Slot *slot[RING];
+    Py_ssize_t a = 0, b;
+    Py_ssize_t a_end = n < PF_A ? n : PF_A;
+    for (; a < a_end; a++)
+        if (walk_stage_a(m, ks, a, packed, hash, kp, kl) < 0) return -1;
+    /* Block 0 alone: a first-block miss costs one probe. */
+    walk_stage_b(m, 0, packed, hash, kp, kl, slot);
+    Slot *s = slot[0];
+    if (s == NULL) return 0;
+    const Hold *x = &s->h;
+    Py_ssize_t holders = 1;
+    for (uint32_t nx = x->next & IDX_MASK; nx; nx = OH(m, nx)->next) holders++;
+    if (holders > RUNS_LOCAL) {
+        t->runs = (RunState *)PyMem_RawMalloc((size_t)holders * sizeof(RunState));
+        if (t->runs == NULL) {
+            t->runs = local;
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    PyObject *last_obj = citems[0];
+    uint32_t last_c;
+    if (count_value(last_obj, 0, &last_c) < 0) return -1;
+    for (;;) {
+        if (x->last_seen > fresh) {
+            RunState *r = &t->runs[t->nruns++];
+            r->rep1 = x->rep1;
+            r->tokens = last_c;
+            r->oldest = x->last_seen;
+            r->tier = x->tier;
+            r->stamp = 0;
+        }
+        uint32_t nx = x->next & IDX_MASK;
+        if (!nx) break;
+        x = OH(m, nx);
+    }
+    if (t->nruns == 0 || n == 1) return 0;
+    if (runs_index(t) < 0) return -1;
+    Py_ssize_t b_end = n < 1 + PF_B ? n : 1 + PF_B;
+    for (b = 1; b < b_end; b++) walk_stage_b(m, b, packed, hash, kp, kl, slot);
+    Py_ssize_t alive = t->nruns;
+    RunState *only = alive == 1 ? &t->runs[0] : NULL; /* the run, while only one is alive */
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (a < n) {
+            if (walk_stage_a(m, ks, a, packed, hash, kp, kl) < 0) return -1;
+            a++;
+        }
+        if (b < n) {
+            walk_stage_b(m, b, packed, hash, kp, kl, slot);
+            b++;
+        }
+        s = slot[i & (RING - 1)];
+        if (s == NULL) break;
+        PyObject *o = citems[i];
+        if (o != last_obj) { /* request counts are mostly one repeated int object */
+            if (count_value(o, i, &last_c) < 0) return -1;
+            last_obj = o;
+        }
+        uint32_t c = last_c;
+        x = &s->h;
+        if (only != NULL) {
+            /* One run alive (the common case): look for its replica only. */
+            uint32_t want = only->rep1;
+            for (;;) {
+                if (x->rep1 == want) break;
+                uint32_t nx = x->next & IDX_MASK;
+                if (!nx) {
+                    x = NULL;
+                    break;
+                }
+                x = OH(m, nx);
+            }
+            if (x == NULL || x->last_seen <= fresh) break;
+            only->stamp = i;
+            only->tokens += c;
+            if (x->last_seen < only->oldest) only->oldest = x->last_seen;
+            if (x->tier > only->tier) only->tier = x->tier;
+            continue;
+        }
+        Py_ssize_t cont = 0;
+        RunState *last = NULL;
+        for (;;) {
+            if (x->last_seen > fresh) {
+                RunState *r = runs_find(t, x->rep1);
+                if (r != NULL && r->stamp == i - 1) {
+                    r->stamp = i;
+                    r->tokens += c;
+                    if (x->last_seen < r->oldest) r->oldest = x->last_seen;
+                    if (x->tier > r->tier) r->tier = x->tier;
+                    last = r;
+                    if (++cont == alive) break; /* every live run continued */
+                }
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+        }
+        if (cont == 0) break;
+        alive = cont;
+        if (alive == 1) only = last;
+    }
+    return 0;
+}
+
+static const char *const walk_names[] = {"keys", "counts", "fresh_after"};
+
+static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames) {
+    PyObject *a[3];
+    if (parse_args("walk", walk_names, 3, args, nargs, kwnames, a) < 0) return NULL;
+    int64_t fresh;
+    if (as_i64(a[2], "fresh_after", &fresh) < 0) return NULL;
+    Keys ks;
+    if (keys_open(a[0], &ks) < 0) return NULL;
+    PyObject *cseq = NULL, *out = NULL;
+    RunState local[RUNS_LOCAL];
+    RunTable t;
+    t.runs = local;
+    t.nruns = 0;
+    t.rix = NULL;
+    t.rix_mask = 0;
+    int entered = 0;
+
+    if (PyList_CheckExact(a[1]) || PyTuple_CheckExact(a[1])) {
+        cseq = Py_NewRef(a[1]);
+    } else {
+        cseq = PySequence_Fast(a[1], "counts must be a sequence of int");
+        if (cseq == NULL) goto done;
+    }
+    /* Walks up to the shorter of keys and counts, as the pure-Python twin does. */
+    if (PySequence_Fast_GET_SIZE(cseq) < ks.n) ks.n = PySequence_Fast_GET_SIZE(cseq);
+    if (bm_enter(m) < 0) goto done;
+    entered = 1;
+    if (ks.n > 0) {
+        PyObject *const *citems = PySequence_Fast_ITEMS(cseq);
+        int rc = ks.packed != NULL ? walk_core(m, &ks, citems, fresh, 1, &t, local)
+                                   : walk_core(m, &ks, citems, fresh, 0, &t, local);
+        if (rc < 0) goto done;
+    }
+    /* Build the result only now: nothing below reads the table. */
+    out = PyList_New(t.nruns);
+    if (out == NULL) goto done;
+    for (Py_ssize_t j = 0; j < t.nruns; j++) {
+        const RunState *r = &t.runs[j];
+        PyObject *it[5];
+        it[0] = PyLong_FromUnsignedLong((unsigned long)(r->rep1 - 1));
+        it[1] = PyLong_FromLong((long)wrap32(r->tokens));
+        it[2] = PyLong_FromLongLong((long long)r->oldest);
+        it[3] = PyLong_FromLong((long)r->tier);
+        it[4] = PyLong_FromSsize_t(r->stamp + 1);
+        PyObject *run = make_named(RunType, run_fast, it, 5);
+        if (run == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, j, run);
+    }
+done:
+    if (entered) m->busy = 0;
+    if (t.runs != local) PyMem_RawFree(t.runs);
+    PyMem_RawFree(t.rix);
+    Py_XDECREF(cseq);
+    keys_close(&ks);
+    return out;
+}
+
+static const char *const credit_names[] = {"keys", "blocks", "replica"};
+
+static PyObject *BM_credit(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    PyObject *a[3];
+    if (parse_args("credit", credit_names, 3, args, nargs, kwnames, a) < 0) return NULL;
+    long long blocks;
+    if (as_clamped(a[1], &blocks) < 0) return NULL;
+    uint32_t rep1;
+    {
+        /* A replica outside the stored range holds nothing: nothing to credit. */
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (overflow != 0 || v < 0 || v > (long long)REP_MAX) Py_RETURN_NONE;
+        rep1 = (uint32_t)v + 1;
+    }
+    Keys ks;
+    if (keys_open(a[0], &ks) < 0) return NULL;
+    PyObject *result = NULL;
+    if (bm_enter(m) < 0) goto done;
+    {
+        Py_ssize_t n = blocks < (long long)ks.n ? (Py_ssize_t)(blocks < 0 ? 0 : blocks) : ks.n;
+        uint64_t hash[RING];
+        const char *kp[RING];
+        Py_ssize_t kl[RING];
+        Py_ssize_t ahead = 0;
+        int failed = 0;
+        for (Py_ssize_t i = 0; i < n && !failed; i++) {
+            Py_ssize_t alim = i + PF_A < n ? i + PF_A : n;
+            for (; ahead < alim; ahead++) {
+                if (walk_stage_a(m, &ks, ahead, ks.packed != NULL, hash, kp, kl) < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            if (failed) break;
+            int r = (int)(i & (RING - 1));
+            size_t pos;
+            if (!probe(m, kp[r], kl[r], hash[r], &pos)) continue;
+            Slot *s = &m->slots[pos];
+            int64_t *acc = NULL;
+            if (s->h.rep1 == rep1) {
+                acc = &m->sacc[pos];
+            } else {
+                for (uint32_t nx = s->h.next & IDX_MASK; nx; nx = OH(m, nx)->next) {
+                    if (OH(m, nx)->rep1 == rep1) {
+                        acc = &m->ovf[nx - 1].access;
+                        break;
+                    }
+                }
+            }
+            if (acc != NULL && *acc < ACCESS_MAX) (*acc)++;
+        }
+        m->busy = 0;
+        if (!failed) result = Py_NewRef(Py_None);
+    }
+done:
+    keys_close(&ks);
+    return result;
+}
+
+static const char *const remove_hold_names[] = {"key", "replica"};
+
+static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("remove_hold", remove_hold_names, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    const char *kp;
+    Py_ssize_t kl;
+    if (key_view(a[0], &kp, &kl) < 0) return NULL;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return PyLong_FromLong(0);
+    uint32_t rep1 = (uint32_t)v + 1;
+    if (bm_enter(m) < 0) return NULL;
+    size_t pos;
+    int bits = 0;
+    PyObject *dropped = NULL;
+    if (probe(m, kp, kl, key_hash(kp, kl), &pos)) {
+        Slot *s = &m->slots[pos];
+        if (s->h.rep1 == rep1) {
+            bits = HOLD_REMOVED | (bm_remove_inline(m, pos, &dropped) ? KEY_REMOVED : 0);
+        } else {
+            Hold *prev = &s->h;
+            uint32_t nx = prev->next & IDX_MASK;
+            while (nx) {
+                Hold *x = OH(m, nx);
+                if (x->rep1 == rep1) {
+                    prev->next = (prev->next & BM_LONG) | x->next;
+                    ovf_release(m, nx);
+                    m->nholds--;
+                    m->version++;
+                    bits = HOLD_REMOVED;
+                    break;
+                }
+                prev = x;
+                nx = x->next;
+            }
+        }
+        if (bits) bm_maybe_shrink(m);
+    }
+    m->busy = 0;
+    Py_XDECREF(dropped);
+    return PyLong_FromLong(bits);
+}
+
+static PyObject *BM_remove_key(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"key"};
+    PyObject *a[1];
+    if (parse_args("remove_key", names, 1, args, nargs, kwnames, a) < 0) return NULL;
+    const char *kp;
+    Py_ssize_t kl;
+    if (key_view(a[0], &kp, &kl) < 0) return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    size_t pos;
+    if (out != NULL && probe(m, kp, kl, key_hash(kp, kl), &pos)) {
+        /* Collect the replicas first (allocates), then remove (cannot fail). */
+        const Hold *x = &m->slots[pos].h;
+        for (;;) {
+            PyObject *r = PyLong_FromUnsignedLong((unsigned long)(x->rep1 - 1));
+            if (r == NULL || PyList_Append(out, r) < 0) {
+                Py_XDECREF(r);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(r);
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+        }
+        if (out != NULL) {
+            Slot *s = &m->slots[pos];
+            uint32_t nx = s->h.next & IDX_MASK;
+            while (nx) {
+                uint32_t nn = OH(m, nx)->next;
+                ovf_release(m, nx);
+                m->nholds--;
+                nx = nn;
+            }
+            s->h.next &= BM_LONG;
+            PyObject *dropped = bm_drop_slot(m, pos);
+            bm_maybe_shrink(m);
+            m->busy = 0;
+            Py_XDECREF(dropped);
+            return out;
+        }
+    }
+    m->busy = 0;
+    return out;
+}
+
+/* ---- scans that remove (sweep, remove_replica) ---- */
+
+/* Remove every hold with last_seen <= stale (mode 0) or of replica rep1 (mode 1). Slots are
+ * scanned in order; a backward shift only moves holds already looked at, or moves a later
+ * hold into the current slot, which is then looked at again. */
+static int bm_prune(BlockMap *m, int mode, int64_t stale, uint32_t rep1, RMap *per,
+                    size_t *holds_removed, size_t *keys_removed) {
+#define DOOMED(x) (mode == 0 ? (x)->last_seen <= stale : (x)->rep1 == rep1)
+    size_t cap = m->mask + 1;
+    size_t i = 0;
+    int rc = 0;
+    while (i < cap) {
+        Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) {
+            i++;
+            continue;
+        }
+        scan_prefetch(m, i);
+        Hold *prev = &s->h;
+        uint32_t nx = prev->next & IDX_MASK;
+        while (nx) {
+            Hold *x = OH(m, nx);
+            uint32_t nn = x->next;
+            if (DOOMED(x)) {
+                if (per != NULL) {
+                    RMEntry *e = rmap_get(per, x->rep1);
+                    if (e == NULL) {
+                        rc = -1;
+                        goto out;
+                    }
+                    e->a++;
+                }
+                prev->next = (prev->next & BM_LONG) | nn;
+                ovf_release(m, nx);
+                m->nholds--;
+                m->version++;
+                (*holds_removed)++;
+            } else {
+                prev = x;
+            }
+            nx = nn;
+        }
+        if (DOOMED(&s->h)) {
+            if (per != NULL) {
+                RMEntry *e = rmap_get(per, s->h.rep1);
+                if (e == NULL) {
+                    rc = -1;
+                    goto out;
+                }
+                e->a++;
+            }
+            (*holds_removed)++;
+            PyObject *dropped;
+            if (bm_remove_inline(m, i, &dropped)) {
+                (*keys_removed)++;
+                /* An exact bytes object: its deallocation runs no Python code. */
+                Py_XDECREF(dropped);
+                continue; /* slot i now holds the next cluster member: look again */
+            }
+            /* The promoted hold survived the chain pass above. */
+        }
+        i++;
+    }
+out:
+    return rc;
+#undef DOOMED
+}
+
+static PyObject *BM_remove_replica(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+    static const char *const names[] = {"replica"};
+    PyObject *a[1];
+    if (parse_args("remove_replica", names, 1, args, nargs, kwnames, a) < 0) return NULL;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(a[0], &overflow);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return Py_BuildValue("(ii)", 0, 0);
+    if (bm_enter(m) < 0) return NULL;
+    size_t hr = 0, kr = 0;
+    int rc = bm_prune(m, 1, 0, (uint32_t)v + 1, NULL, &hr, &kr);
+    if (hr) bm_maybe_shrink(m);
+    m->busy = 0;
+    if (rc < 0) return NULL;
+    return Py_BuildValue("(nn)", (Py_ssize_t)hr, (Py_ssize_t)kr);
+}
+
+static PyObject *BM_sweep(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames) {
+    static const char *const names[] = {"stale_at_or_before"};
+    PyObject *a[1];
+    if (parse_args("sweep", names, 1, args, nargs, kwnames, a) < 0) return NULL;
+    int64_t stale;
+    if (as_i64(a[0], "stale_at_or_before", &stale) < 0) return NULL;
+    RMap per;
+    if (rmap_init(&per) < 0) return NULL;
+    PyObject *result = NULL;
+    if (bm_enter(m) < 0) goto done;
+    size_t hr = 0, kr = 0;
+    int rc = bm_prune(m, 0, stale, 0, &per, &hr, &kr);
+    if (hr) bm_maybe_shrink(m);
+    m->busy = 0;
+    /* Out of memory half-way: the removals so far stand (the map stays consistent) but the
+     * counts would be incomplete, so raise MemoryError. */
+    if (rc < 0) goto done;
+    {
+        PyObject *d = PyDict_New();
+        if (d == NULL) goto done;
+        for (size_t k = 0; k < per.cap; k++) {
+            if (per.e[k].rep1 == 0) continue;
+            PyObject *key = PyLong_FromUnsignedLong((unsigned long)(per.e[k].rep1 - 1));
+            PyObject *val = PyLong_FromLongLong((long long)per.e[k].a);
+            if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
+                Py_XDECREF(key);
+                Py_XDECREF(val);
+                Py_DECREF(d);
+                goto done;
+            }
+            Py_DECREF(key);
+            Py_DECREF(val);
+        }
+        result = Py_BuildValue("(Nn)", d, (Py_ssize_t)kr);
+    }
+done:
+    rmap_free(&per);
+    return result;
+}
+
+/* ---- candidate selection ---- */
+
+typedef struct {
+    int64_t a;
+    int64_t b;
+} Pair;
+
+static inline int pair_lt(Pair x, Pair y) { return x.a < y.a || (x.a == y.a && x.b < y.b); }
+
+/* Max-heap of the k smallest pairs seen so far. */
+typedef struct {
+    Pair *v;
+    size_t n, k;
+} TopK;
+
+static inline void topk_push(TopK *t, Pair p) {
+    if (t->n < t->k) {
+        size_t i = t->n++;
+        while (i > 0) {
+            size_t up = (i - 1) / 2;
+            if (!pair_lt(t->v[up], p)) break;
+            t->v[i] = t->v[up];
+            i = up;
+        }
+        t->v[i] = p;
+    } else if (pair_lt(p, t->v[0])) {
+        size_t i = 0, n = t->n;
+        for (;;) {
+            size_t c = 2 * i + 1;
+            if (c >= n) break;
+            if (c + 1 < n && pair_lt(t->v[c], t->v[c + 1])) c++;
+            if (!pair_lt(p, t->v[c])) break;
+            t->v[i] = t->v[c];
+            i = c;
+        }
+        t->v[i] = p;
+    }
+}
+
+static const char *const cap_names[] = {"k", "lfu"};
+
+static PyObject *BM_cap_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("cap_candidates", cap_names, 2, args, nargs, kwnames, a) < 0) return NULL;
+    long long k;
+    if (as_clamped(a[0], &k) < 0) return NULL;
+    int lfu = PyObject_IsTrue(a[1]);
+    if (lfu < 0) return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    TopK t = {NULL, 0, 0};
+    if (out == NULL || k <= 0 || m->nholds == 0) goto done;
+    size_t cap = m->mask + 1;
+    Pair thr = {INT64_MAX, INT64_MAX};
+    int all = (unsigned long long)k >= (unsigned long long)m->nholds;
+    if (!all) {
+        t.k = (size_t)k;
+        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
+        if (t.v == NULL) {
+            PyErr_NoMemory();
+            Py_CLEAR(out);
+            goto done;
+        }
+        for (size_t i = 0; i < cap; i++) {
+            const Slot *s = &m->slots[i];
+            if (s->h.rep1 == 0) continue;
+            scan_prefetch(m, i);
+            const Hold *x = &s->h;
+            int64_t acc = m->sacc[i];
+            for (;;) {
+                Pair p = {lfu ? acc : 0, x->last_seen};
+                topk_push(&t, p);
+                uint32_t nx = x->next & IDX_MASK;
+                if (!nx) break;
+                x = OH(m, nx);
+                acc = m->ovf[nx - 1].access;
+            }
+        }
+        thr = t.v[0];
+    }
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) continue;
+        scan_prefetch(m, i);
+        PyObject *key = NULL;
+        const Hold *x = &s->h;
+        int64_t acc = m->sacc[i];
+        for (;;) {
+            Pair p = {lfu ? acc : 0, x->last_seen};
+            if (all || !pair_lt(thr, p)) {
+                if (key == NULL && (key = slot_key(m, s)) == NULL) {
+                    Py_CLEAR(out);
+                    goto done;
+                }
+                PyObject *tup = Py_BuildValue("(LLOk)", (long long)p.a, (long long)p.b, key,
+                                              (unsigned long)(x->rep1 - 1));
+                if (tup == NULL || PyList_Append(out, tup) < 0) {
+                    Py_XDECREF(tup);
+                    Py_DECREF(key);
+                    Py_CLEAR(out);
+                    goto done;
+                }
+                Py_DECREF(tup);
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+            acc = m->ovf[nx - 1].access;
+        }
+        Py_XDECREF(key);
+    }
+done:
+    m->busy = 0;
+    PyMem_RawFree(t.v);
+    return out;
+}
+
+static inline int64_t slot_newest(const BlockMap *m, const Slot *s) {
+    const Hold *x = &s->h;
+    int64_t best = x->last_seen;
+    uint32_t nx = x->next & IDX_MASK;
+    while (nx) {
+        x = OH(m, nx);
+        if (x->last_seen > best) best = x->last_seen;
+        nx = x->next;
+    }
+    return best;
+}
+
+static PyObject *BM_quota_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    static const char *const names[] = {"k"};
+    PyObject *a[1];
+    if (parse_args("quota_candidates", names, 1, args, nargs, kwnames, a) < 0) return NULL;
+    long long k;
+    if (as_clamped(a[0], &k) < 0) return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    TopK t = {NULL, 0, 0};
+    if (out == NULL || k <= 0 || m->nkeys == 0) goto done;
+    size_t cap = m->mask + 1;
+    int64_t thr = INT64_MAX;
+    int all = (unsigned long long)k >= (unsigned long long)m->nkeys;
+    if (!all) {
+        t.k = (size_t)k;
+        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
+        if (t.v == NULL) {
+            PyErr_NoMemory();
+            Py_CLEAR(out);
+            goto done;
+        }
+        for (size_t i = 0; i < cap; i++) {
+            const Slot *s = &m->slots[i];
+            if (s->h.rep1 == 0) continue;
+            scan_prefetch(m, i);
+            Pair p = {slot_newest(m, s), 0};
+            topk_push(&t, p);
+        }
+        thr = t.v[0].a;
+    }
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) continue;
+        scan_prefetch(m, i);
+        int64_t newest = slot_newest(m, s);
+        if (!all && newest > thr) continue;
+        PyObject *key = slot_key(m, s);
+        PyObject *tup = key ? Py_BuildValue("(LN)", (long long)newest, key) : NULL;
+        if (tup == NULL || PyList_Append(out, tup) < 0) {
+            Py_XDECREF(tup);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(tup);
+    }
+done:
+    m->busy = 0;
+    PyMem_RawFree(t.v);
+    return out;
+}
+
+static PyObject *BM_replica_summary(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    RMap per;
+    if (rmap_init(&per) < 0) return NULL;
+    PyObject *d = NULL;
+    if (bm_enter(m) < 0) goto done;
+    size_t cap = m->mask + 1;
+    int failed = 0;
+    for (size_t i = 0; i < cap && !failed; i++) {
+        const Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) continue;
+        scan_prefetch(m, i);
+        const Hold *x = &s->h;
+        for (;;) {
+            RMEntry *e = rmap_get(&per, x->rep1);
+            if (e == NULL) {
+                failed = 1;
+                break;
+            }
+            e->a++;
+            if (x->last_seen > e->b) e->b = x->last_seen;
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+        }
+    }
+    m->busy = 0;
+    if (failed) goto done;
+    d = PyDict_New();
+    if (d == NULL) goto done;
+    for (size_t k = 0; k < per.cap; k++) {
+        if (per.e[k].rep1 == 0) continue;
+        PyObject *key = PyLong_FromUnsignedLong((unsigned long)(per.e[k].rep1 - 1));
+        PyObject *val = Py_BuildValue("(LL)", (long long)per.e[k].a, (long long)per.e[k].b);
+        if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            Py_CLEAR(d);
+            goto done;
+        }
+        Py_DECREF(key);
+        Py_DECREF(val);
+    }
+done:
+    rmap_free(&per);
+    return d;
+}
+
+/* Internal consistency, for tests: raises AssertionError naming the first broken rule. */
+static PyObject *BM_check_invariants(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    size_t cap = m->mask + 1;
+    size_t keys = 0, holds = 0, ovf_used = 0, longs = 0;
+    const char *err = NULL;
+    uint8_t *seen = NULL;
+    if (m->ovf_top) {
+        seen = (uint8_t *)PyMem_RawCalloc(m->ovf_top, 1);
+        if (seen == NULL) return PyErr_NoMemory();
+    }
+    if (m->nkeys * 4 > cap * 3) err = "load factor above 3/4";
+    for (size_t i = 0; i < cap && err == NULL; i++) {
+        const Slot *s = &m->slots[i];
+        if (s->h.rep1 == 0) continue;
+        keys++;
+        size_t home = (size_t)slot_hash(m, s) & m->mask;
+        for (size_t j = home; j != i; j = (j + 1) & m->mask) {
+            if (m->slots[j].h.rep1 == 0) {
+                err = "empty slot between a key's home and its slot";
+                break;
+            }
+        }
+        if (s->h.next & BM_LONG) {
+            longs++;
+            if (s->key >= m->lk_top || m->lk[s->key].bytes == NULL) {
+                err = "long key points at a free side entry";
+                break;
+            }
+            const LongKey *e = &m->lk[s->key];
+            if (PyBytes_GET_SIZE(e->bytes) == 8) err = "8-byte key stored as long key";
+            if (hash_long(PyBytes_AS_STRING(e->bytes), PyBytes_GET_SIZE(e->bytes)) != e->hash)
+                err = "stale hash in side table";
+        }
+        const Hold *x = &s->h;
+        uint32_t reps[64];
+        size_t nr = 0;
+        for (;;) {
+            holds++;
+            if (x->rep1 == 0) {
+                err = "free arena entry in a chain";
+                break;
+            }
+            for (size_t q = 0; q < nr && q < 64; q++)
+                if (reps[q] == x->rep1) err = "replica twice in one key";
+            if (nr < 64) reps[nr] = x->rep1;
+            nr++;
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            if (nx > m->ovf_top) {
+                err = "link past the arena top";
+                break;
+            }
+            if (seen[nx - 1]) {
+                err = "arena entry linked twice";
+                break;
+            }
+            seen[nx - 1] = 1;
+            ovf_used++;
+            x = OH(m, nx);
+            if (x->next & BM_LONG) err = "LONG bit in an arena entry";
+        }
+    }
+    if (err == NULL && keys != m->nkeys) err = "key count mismatch";
+    if (err == NULL && holds != m->nholds) err = "hold count mismatch";
+    if (err == NULL && ovf_used != m->ovf_live) err = "arena live count mismatch";
+    if (err == NULL && longs != m->lk_live) err = "side table live count mismatch";
+    if (err == NULL) {
+        size_t nfree = 0;
+        for (uint32_t f = m->ovf_free; f != 0 && err == NULL; f = OH(m, f)->next) {
+            if (f > m->ovf_top || OH(m, f)->rep1 != 0) err = "bad arena free list";
+            if (++nfree > m->ovf_top) err = "arena free list cycle";
+        }
+        if (err == NULL && nfree + m->ovf_live != m->ovf_top) err = "arena entries lost";
+    }
+    if (err == NULL) {
+        size_t nfree = 0;
+        for (size_t f = m->lk_free; f != 0 && err == NULL; f = (size_t)m->lk[f - 1].hash) {
+            if (f > m->lk_top || m->lk[f - 1].bytes != NULL) err = "bad side free list";
+            if (++nfree > m->lk_top) err = "side free list cycle";
+        }
+        if (err == NULL && nfree + m->lk_live != m->lk_top) err = "side entries lost";
+    }
+    PyMem_RawFree(seen);
+    if (err != NULL) {
+        PyErr_SetString(PyExc_AssertionError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ======================================================================================= */
+/* holds() iterator                                                                        */
+/* ======================================================================================= */
+
+typedef struct {
+    PyObject_HEAD
+    BlockMap *m;
+    size_t pos;
+    uint32_t cur; /* 0: the slot's inline hold is next; else arena index + 1 */
+    uint64_t version;
+} HoldsIter;
+
+static PyObject *BM_holds(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    HoldsIter *it = PyObject_New(HoldsIter, &HoldsIterType);
+    if (it == NULL) return NULL;
+    it->m = (BlockMap *)Py_NewRef(m);
+    it->pos = 0;
+    it->cur = 0;
+    it->version = m->version;
+    return (PyObject *)it;
+}
+
+static void HI_dealloc(HoldsIter *it) {
+    Py_XDECREF(it->m);
+    PyObject_Free(it);
+}
+
+static PyObject *HI_next(HoldsIter *it) {
+    BlockMap *m = it->m;
+    if (m == NULL) return NULL;
+    if (m->version != it->version) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockMap changed size during iteration");
+        return NULL;
+    }
+    size_t cap = m->mask + 1;
+    while (it->pos < cap) {
+        const Slot *s = &m->slots[it->pos];
+        if (s->h.rep1 == 0) {
+            it->pos++;
+            it->cur = 0;
+            continue;
+        }
+        const Hold *x = it->cur == 0 ? &s->h : OH(m, it->cur);
+        int64_t access = it->cur == 0 ? m->sacc[it->pos] : m->ovf[it->cur - 1].access;
+        uint32_t nx = x->next & IDX_MASK;
+        Hold copy = *x;
+        if (nx) {
+            it->cur = nx;
+        } else {
+            it->pos++;
+            it->cur = 0;
+        }
+        return make_hold(m, s, &copy, access);
+    }
+    Py_CLEAR(it->m);
+    return NULL;
+}
+
+static PyTypeObject HoldsIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.index._blockmap.HoldsIterator",
+    .tp_basicsize = sizeof(HoldsIter),
+    .tp_dealloc = (destructor)HI_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)HI_next,
+};
+
+/* ======================================================================================= */
+/* Type and module                                                                         */
+/* ======================================================================================= */
+
+#define FASTKW (METH_FASTCALL | METH_KEYWORDS)
+
+static PyMethodDef BM_methods[] = {
+    {"key_count", (PyCFunction)BM_key_count, METH_NOARGS, "Distinct keys."},
+    {"hold_count", (PyCFunction)BM_hold_count, METH_NOARGS, "Holds (key, replica pairs)."},
+    {"upsert", (PyCFunction)(void (*)(void))BM_upsert, FASTKW,
+     "upsert(key, replica, tokens, last_seen, tier) -> NEW_KEY|NEW_HOLD bits"},
+    {"upsert_many", (PyCFunction)(void (*)(void))BM_upsert_many, FASTKW,
+     "upsert_many(keys, tokens, replica, last_seen, tier) -> (new keys, new holds)"},
+    {"holders", (PyCFunction)(void (*)(void))BM_holders, FASTKW,
+     "holders(key, fresh_after) -> [(replica, tokens, last_seen, tier)]"},
+    {"walk", (PyCFunction)(void (*)(void))BM_walk, FASTKW,
+     "walk(keys, counts, fresh_after) -> [Run]: leading runs of a request chain"},
+    {"credit", (PyCFunction)(void (*)(void))BM_credit, FASTKW,
+     "credit(keys, blocks, replica): access += 1 on the replica's holds of keys[:blocks]"},
+    {"remove_hold", (PyCFunction)(void (*)(void))BM_remove_hold, FASTKW,
+     "remove_hold(key, replica) -> HOLD_REMOVED|KEY_REMOVED bits"},
+    {"remove_replica", (PyCFunction)(void (*)(void))BM_remove_replica, FASTKW,
+     "remove_replica(replica) -> (holds removed, keys removed)"},
+    {"remove_key", (PyCFunction)(void (*)(void))BM_remove_key, FASTKW,
+     "remove_key(key) -> replicas whose holds went with it"},
+    {"sweep", (PyCFunction)(void (*)(void))BM_sweep, FASTKW,
+     "sweep(stale_at_or_before) -> ({replica: holds removed}, keys removed)"},
+    {"cap_candidates", (PyCFunction)(void (*)(void))BM_cap_candidates, FASTKW,
+     "cap_candidates(k, lfu) -> [(effective_count, last_seen, key, replica)]"},
+    {"quota_candidates", (PyCFunction)(void (*)(void))BM_quota_candidates, FASTKW,
+     "quota_candidates(k) -> [(newest last_seen, key)]"},
+    {"replica_summary", (PyCFunction)BM_replica_summary, METH_NOARGS,
+     "replica_summary() -> {replica: (holds, newest last_seen)}"},
+    {"holds", (PyCFunction)BM_holds, METH_NOARGS, "holds() -> iterator of Hold"},
+    {"memory_bytes", (PyCFunction)BM_memory_bytes, METH_NOARGS,
+     "Bytes allocated by this map (table, overflow arena, side table and its bytes objects)."},
+    {"capacity", (PyCFunction)BM_capacity, METH_NOARGS, "Slots in the table."},
+    {"check_invariants", (PyCFunction)BM_check_invariants, METH_NOARGS,
+     "Verify internal consistency (tests); raises AssertionError."},
+    {"__sizeof__", (PyCFunction)BM_sizeof, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BlockMapType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.index._blockmap.BlockMap",
+    .tp_doc = PyDoc_STR("Holds of one index partition (a compiled PartitionStore)."),
+    .tp_basicsize = sizeof(BlockMap),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = BM_new,
+    .tp_dealloc = (destructor)BM_dealloc,
+    .tp_methods = BM_methods,
+};
+
+static int named_fast(PyObject *type, Py_ssize_t fields) {
+    if (!PyType_Check(type)) return 0;
+    PyTypeObject *t = (PyTypeObject *)type;
+    PyObject *f = PyObject_GetAttrString(type, "_fields");
+    int ok = f != NULL && PyTuple_Check(f) && PyTuple_GET_SIZE(f) == fields;
+    Py_XDECREF(f);
+    PyErr_Clear();
+    return ok && PyType_IsSubtype(t, &PyTuple_Type) &&
+           t->tp_basicsize == PyTuple_Type.tp_basicsize &&
+           t->tp_itemsize == PyTuple_Type.tp_itemsize && t->tp_dictoffset == 0 &&
+           t->tp_alloc != NULL;
+}
+
+static struct PyModuleDef bm_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "inferencecache.index._blockmap",
+    .m_doc = "Compiled PartitionStore of the routing index (see docs/index-store.md).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__blockmap(void) {
+    if (PyType_Ready(&BlockMapType) < 0 || PyType_Ready(&HoldsIterType) < 0) return NULL;
+    if (RunType == NULL) {
+        PyObject *store = PyImport_ImportModule("inferencecache.index.store");
+        if (store == NULL) return NULL;
+        RunType = PyObject_GetAttrString(store, "Run");
+        HoldType = RunType ? PyObject_GetAttrString(store, "Hold") : NULL;
+        Py_DECREF(store);
+        if (HoldType == NULL) {
+            Py_CLEAR(RunType);
+            return NULL;
+        }
+        run_fast = named_fast(RunType, 5);
+        hold_fast = named_fast(HoldType, 6);
+    }
+    PyObject *mod = PyModule_Create(&bm_module);
+    if (mod == NULL) return NULL;
+    if (PyModule_AddObjectRef(mod, "BlockMap", (PyObject *)&BlockMapType) < 0 ||
+        PyModule_AddIntConstant(mod, "NEW_KEY", NEW_KEY) < 0 ||
+        PyModule_AddIntConstant(mod, "NEW_HOLD", NEW_HOLD) < 0 ||
+        PyModule_AddIntConstant(mod, "HOLD_REMOVED", HOLD_REMOVED) < 0 ||
+        PyModule_AddIntConstant(mod, "KEY_REMOVED", KEY_REMOVED) < 0 ||
+        PyModule_AddIntConstant(mod, "FAST_NAMEDTUPLES", run_fast && hold_fast) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,137 @@
+"""``Index``: the thread-safe facade the server calls for ingest, events, sweep and reads.
+
+Concurrency: one lock serialises every mutation (update, event, sweep, config swap) and the index
+part of a lookup (``Router``), so a lookup sees each update either entirely or not at all. Work
+that can block for long (prompt tokenization) never runs under the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from inferencecache.index import eviction, ingest
+from inferencecache.index.backends import default_store_factory
+from inferencecache.index.clock import Clock, SystemClock
+from inferencecache.index.metrics import IndexMetrics, NullMetrics
+from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, UpdateLike
+from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTable
+from inferencecache.index.settings import IndexSettings
+from inferencecache.index.state import IndexState
+from inferencecache.index.store import PartitionStore
+
+
+class Index:
+    """The routing index (contract §3-§7). Every public method is atomic to lookups."""
+
+    def __init__(
+        self,
+        settings: IndexSettings | None = None,
+        *,
+        clock: Clock | None = None,
+        store_factory: Callable[[], PartitionStore] | None = None,
+        metrics: IndexMetrics | None = None,
+        config: IndexConfig | None = None,
+    ) -> None:
+        self.settings = settings if settings is not None else IndexSettings()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.metrics: IndexMetrics = metrics if metrics is not None else NullMetrics()
+        self.store_factory = store_factory if store_factory is not None else default_store_factory()
+        self._lock = threading.Lock()
+        self._state = IndexState(
+            self.settings,
+            self.store_factory,
+            self.metrics,
+            PolicyTable(config or IndexConfig(), self.settings.default_ttl_us),
+        )
+
+    # -- configuration --------------------------------------------------------------------
+
+    @property
+    def config(self) -> IndexConfig:
+        return self._state.policies.config
+
+    def replace_config(self, config: IndexConfig) -> None:
+        """Swap the whole per-tenant configuration (replace-on-write, §6.7)."""
+        table = PolicyTable(config, self.settings.default_ttl_us)
+        with self._lock:
+            self._state.policies = table
+
+    def policy(self, tenant_id: str) -> EffectivePolicy:
+        """The effective policy of a tenant (defaults when it has no entry)."""
+        return self._state.policies.get(tenant_id)
+
+    # -- ingest ---------------------------------------------------------------------------
+
+    def apply_update(self, update: UpdateLike) -> None:
+        """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap."""
+        self._apply_update(update, allow_probe=False)
+
+    def apply_event(self, event: EventLike) -> None:
+        """Apply one CacheEvent (§4.4)."""
+        self._apply_event(event, allow_probe=False)
+
+    def _apply_update(self, update: UpdateLike, *, allow_probe: bool) -> None:
+        now = self.clock.now_us()
+        st = self._state
+        with self._lock:
+            try:
+                if ingest.apply_update(st, update, now, allow_probe=allow_probe):
+                    tenant = update.tenant_id
+                    if tenant != PROBE_TENANT:
+                        eviction.enforce_quota(st, tenant)
+                    eviction.enforce_cap(st)
+            finally:
+                st.finish()
+
+    def _apply_event(self, event: EventLike, *, allow_probe: bool) -> None:
+        now = self.clock.now_us()
+        st = self._state
+        with self._lock:
+            try:
+                ingest.apply_event(st, event, now, allow_probe=allow_probe)
+            finally:
+                st.finish()
+
+    def sweep(self) -> None:
+        """TTL sweep (§6.2); the server calls it every ``sweep_interval``."""
+        now = self.clock.now_us()
+        st = self._state
+        with self._lock:
+            try:
+                eviction.sweep(st, now)
+            finally:
+                st.finish()
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def cache_state(self, tenant_id: str, model_id: str) -> CacheState:
+        """GetCacheState (§5.13)."""
+        from inferencecache.index.snapshot import cache_state
+
+        with self._lock:
+            return cache_state(self._state, tenant_id, model_id)
+
+    def snapshot(self) -> dict[str, object]:
+        """The ``/snapshot`` document (§9.3), JSON-ready."""
+        from inferencecache.index.snapshot import snapshot
+
+        with self._lock:
+            return snapshot(self._state)
+
+    def counts(self) -> dict[str, int]:
+        """Headline sizes: holds, keys (probe included), probe holds, partitions, replicas."""
+        st = self._state
+        with self._lock:
+            return {
+                "holds": st.total_holds,
+                "keys": st.total_keys,
+                "reserved_holds": st.reserved_holds,
+                "partitions": len(st.parts),
+                "replicas": len(st.replicas),
+            }
+
+    def verify(self) -> list[str]:
+        """Recount every view from the holds (tests; O(holds))."""
+        with self._lock:
+            return self._state.verify()

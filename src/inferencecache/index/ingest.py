@@ -1,0 +1,229 @@
+"""Ingest rules (contract §4): applying one CacheStateUpdate or one CacheEvent to the state.
+
+Quota and cap enforcement, metric flushing and locking are the facade's job (``Index``); the
+functions here only mutate holds, views and stats rows. Consecutive prefix entries that land in
+the same partition with the same tier are written with one ``upsert_many`` call (the subscriber
+sends one legacy entry per block, so a whole update is usually one call).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from itertools import accumulate
+
+from inferencecache.index.model import PROBE_TENANT, EventLike, EventType, StatsLike, UpdateLike
+from inferencecache.index.state import IndexState, StatsRow
+from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED
+
+TIER_T1 = 1
+TIER_T3 = 3
+TIER_INVALID = 2**31 - 1
+"""Stored tier of a negative (invalid) wire tier: colder than anything (contract §4.3)."""
+
+_I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
+
+# ingest_dropped_total{reason} labels (docs/index.md)
+DROP_EMPTY_SCHEME = "empty_hash_scheme"
+DROP_CHAIN_MISMATCH = "chain_length_mismatch"
+DROP_CHAIN_TOO_LONG = "chain_too_long"
+DROP_HASH_TOO_LONG = "hash_too_long"
+DROP_TOO_MANY_ENTRIES = "too_many_entries"
+
+_F32 = struct.Struct("<f")
+
+
+def wrap32(x: int) -> int:
+    """Two's complement int32 wrap (contract §5.5 "Integers")."""
+    return ((x + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
+
+
+def normalize_tier(tier: int) -> int:
+    """Wire tier -> stored tier (contract §4.3): 0 -> T1, negative -> sentinel, else as is."""
+    if tier == 0:
+        return TIER_T1
+    if tier < 0 or tier > TIER_INVALID:
+        return TIER_INVALID
+    return tier
+
+
+def report_tier(stored: int) -> int:
+    """Stored tier -> ``ReplicaScore.tier``: T1..T3 as is, anything colder UNSPECIFIED."""
+    return stored if stored <= TIER_T3 else 0
+
+
+def f32(x: float) -> float:
+    """Round to IEEE float32 (the wire type of hit_rate/pressure and of scores)."""
+    try:
+        return float(_F32.unpack(_F32.pack(x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def clean_rate(x: float) -> float:
+    """A float32 stats value: NaN/±Inf -> 0, no other clamping (contract §4.2 step 3)."""
+    v = f32(float(x))
+    return v if math.isfinite(v) else 0.0
+
+
+def _stats_of(u: UpdateLike) -> StatsLike | None:
+    stats = u.stats
+    if stats is None:
+        return None
+    has_field = getattr(u, "HasField", None)  # a protobuf message: presence is explicit
+    if has_field is not None and not has_field("stats"):
+        return None
+    return stats
+
+
+def apply_update(st: IndexState, u: UpdateLike, now_us: int, *, allow_probe: bool = False) -> bool:
+    """Apply one update (§4.2 steps 1-3). Returns False when it was skipped (probe tenant)."""
+    tenant = u.tenant_id
+    if tenant == PROBE_TENANT and not allow_probe:
+        return False
+    ts = u.timestamp_us or now_us
+    model = u.model_id
+    prefixes = u.prefixes
+    n_entries = len(prefixes)
+    if n_entries:
+        scheme = u.hash_scheme
+        if not scheme:
+            st.dropped[DROP_EMPTY_SCHEME] += n_entries
+        else:
+            _apply_prefixes(st, u, tenant, model, scheme, ts, n_entries)
+    stats = _stats_of(u)
+    if stats is not None:
+        rid = st.replicas.intern(u.replica_id)
+        row = StatsRow(
+            int(stats.cache_memory_bytes),
+            clean_rate(stats.hit_rate),
+            clean_rate(stats.pressure),
+            int(stats.t2_hit_tokens),
+            int(stats.t2_query_tokens),
+            ts,
+        )
+        st.put_stats((tenant, model), rid, row)
+    return True
+
+
+def _apply_prefixes(
+    st: IndexState,
+    u: UpdateLike,
+    tenant: str,
+    model: str,
+    scheme: str,
+    ts: int,
+    n_entries: int,
+) -> None:
+    settings = st.settings
+    max_entries = settings.max_entries_per_update
+    max_blocks = settings.max_blocks_per_entry
+    max_hash = settings.max_hash_bytes
+    entries = u.prefixes
+    if n_entries > max_entries:
+        st.dropped[DROP_TOO_MANY_ENTRIES] += n_entries - max_entries
+        entries = entries[:max_entries]
+    rid = st.replicas.intern(u.replica_id)
+    default_adapter = u.adapter_id
+    dropped = st.dropped
+    # the current batch: one partition (adapter) and one stored tier
+    cur_adapter: str | None = None
+    cur_tier = 0
+    keys: list[bytes] = []
+    toks: list[int] = []
+
+    def flush() -> None:
+        if keys and cur_adapter is not None:
+            part = st.partition(tenant, model, scheme, cur_adapter)
+            nk, nh = part.store.upsert_many(keys, toks, rid, ts, cur_tier)
+            st.added(part, rid, nk, nh)
+            keys.clear()
+            toks.clear()
+
+    for p in entries:
+        tier = p.tier
+        if tier == 0:
+            tier = TIER_T1
+        elif tier < 0 or tier > TIER_INVALID:
+            tier = TIER_INVALID
+        adapter = p.adapter_id or default_adapter
+        hashes = p.block_hashes
+        counts = p.block_token_counts
+        nb = len(hashes)
+        nc = len(counts)
+        ph = p.prefix_hash
+        if nb or nc:
+            if nb != nc:
+                dropped[DROP_CHAIN_MISMATCH] += 1
+                continue
+            if nb > max_blocks:
+                dropped[DROP_CHAIN_TOO_LONG] += 1
+                continue
+            if len(ph) > max_hash or max(map(len, hashes)) > max_hash:
+                dropped[DROP_HASH_TOO_LONG] += 1
+                continue
+            cum = list(accumulate(counts))
+            if min(cum) < _I32_MIN or max(cum) > _I32_MAX:
+                cum = [wrap32(c) for c in cum]
+            if adapter != cur_adapter or tier != cur_tier:
+                flush()
+                cur_adapter = adapter
+                cur_tier = tier
+            keys.extend(hashes)
+            toks.extend(cum)
+            if ph:
+                keys.append(ph)
+                tc = p.token_count
+                toks.append(tc if _I32_MIN <= tc <= _I32_MAX else wrap32(tc))
+        else:
+            if len(ph) > max_hash:
+                dropped[DROP_HASH_TOO_LONG] += 1
+                continue
+            if adapter != cur_adapter or tier != cur_tier:
+                flush()
+                cur_adapter = adapter
+                cur_tier = tier
+            keys.append(ph)
+            tc = p.token_count
+            toks.append(tc if _I32_MIN <= tc <= _I32_MAX else wrap32(tc))
+    flush()
+
+
+def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool = False) -> bool:
+    """Apply one event (§4.4). Returns False when skipped (probe tenant)."""
+    tenant = e.tenant_id
+    if tenant == PROBE_TENANT and not allow_probe:
+        return False
+    typ = e.type
+    if typ == EventType.PREFIX_EVICTED:
+        rid = st.replicas.get(e.replica_id)
+        parts = st.parts_by_tm.get((tenant, e.model_id))
+        if rid is None or not parts:
+            return True
+        key = e.prefix_hash
+        adapter = e.adapter_id
+        for part in list(parts.values()):
+            if adapter and part.adapter != adapter:
+                continue
+            bits = part.store.remove_hold(key, rid)
+            if bits & HOLD_REMOVED:
+                st.removed_per_replica(part, {rid: 1}, 1 if bits & KEY_REMOVED else 0)
+    elif typ == EventType.ALL_CLEARED:
+        rid = st.replicas.get(e.replica_id)
+        if rid is None:
+            return True
+        tm = (tenant, e.model_id)
+        for part in list(st.parts_by_tm.get(tm, {}).values()):
+            holds, gone = part.store.remove_replica(rid)
+            if holds:
+                st.removed_per_replica(part, {rid: holds}, gone)
+        st.drop_stats(tm, rid)
+    elif typ == EventType.REPLICA_UPDATED:
+        rid = st.replicas.get(e.replica_id)
+        if rid is None:
+            return True
+        row = st.stats.get((tenant, e.model_id), {}).get(rid)
+        if row is not None:
+            row.last_seen = e.timestamp_us or now_us
+    return True

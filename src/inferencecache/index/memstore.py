@@ -1,0 +1,388 @@
+"""The pure-Python ``PartitionStore``: reference twin of the compiled store, and its fallback.
+
+Layout, chosen for memory first: one dict ``key bytes -> holders``. Most keys have a single
+holder, so a single holder is stored inline as a 5-tuple ``(replica, tokens, last_seen, tier,
+access)``; only a key with two or more holders pays for an inner dict ``replica -> (tokens,
+last_seen, tier, access)``. No per-hold objects beyond that tuple. A chain walk tracks runs in a
+few locals while a single replica runs (the common case) and sums the request's token counts
+once at the end with C-level ``sum`` over a slice, so the per-block Python work is one slice,
+one dict probe and a couple of compares.
+
+The full-scan operations (``sweep``, ``cap_candidates``, ``quota_candidates``,
+``remove_replica``) are O(holds of the partition); the compiled store is the production path
+for large indexes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from typing import Union
+
+from inferencecache.fingerprint import split_packed
+from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED, NEW_HOLD, NEW_KEY, Hold, Run
+
+# holder forms: inline single holder, or replica -> (tokens, last_seen, tier, access)
+_Single = tuple[int, int, int, int, int]
+_Multi = dict[int, tuple[int, int, int, int]]
+_Holders = Union[_Single, _Multi]  # noqa: UP007 - a runtime alias needs Union on 3.11
+
+
+_CHUNK = 64
+"""Blocks probed per C-level ``map`` in a single-replica walk (bounds wasted probes after a
+run ends)."""
+
+
+def wrap32(x: int) -> int:
+    """Two's complement int32 wrap (contract §5.5 "Integers")."""
+    return ((x + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
+
+
+class MemStore:
+    """Holds of one partition in plain dicts (see module doc for the layout)."""
+
+    __slots__ = ("_holds", "_m")
+
+    def __init__(self) -> None:
+        self._m: dict[bytes, _Holders] = {}
+        self._holds = 0
+
+    # -- counts ---------------------------------------------------------------------------
+
+    def key_count(self) -> int:
+        return len(self._m)
+
+    def hold_count(self) -> int:
+        return self._holds
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def upsert(self, key: bytes, replica: int, tokens: int, last_seen: int, tier: int) -> int:
+        m = self._m
+        v = m.get(key)
+        if v is None:
+            m[key] = (replica, tokens, last_seen, tier, 0)
+            self._holds += 1
+            return NEW_KEY | NEW_HOLD
+        if isinstance(v, tuple):
+            if v[0] == replica:
+                m[key] = (replica, tokens, last_seen, tier, v[4])
+                return 0
+            m[key] = {v[0]: (v[1], v[2], v[3], v[4]), replica: (tokens, last_seen, tier, 0)}
+            self._holds += 1
+            return NEW_HOLD
+        h = v.get(replica)
+        if h is None:
+            v[replica] = (tokens, last_seen, tier, 0)
+            self._holds += 1
+            return NEW_HOLD
+        v[replica] = (tokens, last_seen, tier, h[3])
+        return 0
+
+    def upsert_many(
+        self, keys: Sequence[bytes], tokens: Sequence[int], replica: int, last_seen: int, tier: int
+    ) -> tuple[int, int]:
+        m = self._m
+        new_keys = 0
+        new_holds = 0
+        get = m.get
+        for key, tok in zip(keys, tokens, strict=False):
+            v = get(key)
+            if v is None:
+                m[key] = (replica, tok, last_seen, tier, 0)
+                new_keys += 1
+                new_holds += 1
+            elif isinstance(v, tuple):
+                if v[0] == replica:
+                    m[key] = (replica, tok, last_seen, tier, v[4])
+                else:
+                    m[key] = {v[0]: (v[1], v[2], v[3], v[4]), replica: (tok, last_seen, tier, 0)}
+                    new_holds += 1
+            else:
+                h = v.get(replica)
+                if h is None:
+                    v[replica] = (tok, last_seen, tier, 0)
+                    new_holds += 1
+                else:
+                    v[replica] = (tok, last_seen, tier, h[3])
+        self._holds += new_holds
+        return new_keys, new_holds
+
+    def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None:
+        m = self._m
+        if blocks <= 0:
+            return
+        seq = split_packed(keys[: 8 * blocks]) if isinstance(keys, bytes) else keys[:blocks]
+        for key in seq:
+            v = m.get(key)
+            if v is None:
+                continue
+            if isinstance(v, tuple):
+                if v[0] == replica:
+                    m[key] = (v[0], v[1], v[2], v[3], v[4] + 1)
+            else:
+                h = v.get(replica)
+                if h is not None:
+                    v[replica] = (h[0], h[1], h[2], h[3] + 1)
+
+    def remove_hold(self, key: bytes, replica: int) -> int:
+        m = self._m
+        v = m.get(key)
+        if v is None:
+            return 0
+        if isinstance(v, tuple):
+            if v[0] != replica:
+                return 0
+            del m[key]
+            self._holds -= 1
+            return HOLD_REMOVED | KEY_REMOVED
+        if v.pop(replica, None) is None:
+            return 0
+        self._holds -= 1
+        if len(v) == 1:
+            ((r, h),) = v.items()
+            m[key] = (r, h[0], h[1], h[2], h[3])
+        return HOLD_REMOVED
+
+    def remove_replica(self, replica: int) -> tuple[int, int]:
+        m = self._m
+        holds = 0
+        gone: list[bytes] = []
+        shrink: list[tuple[bytes, _Single]] = []
+        for key, v in m.items():
+            if isinstance(v, tuple):
+                if v[0] == replica:
+                    gone.append(key)
+            else:
+                if replica in v:
+                    del v[replica]
+                    holds += 1
+                    if len(v) == 1:
+                        ((r, h),) = v.items()
+                        shrink.append((key, (r, h[0], h[1], h[2], h[3])))
+        for key in gone:
+            del m[key]
+        for key, single in shrink:
+            m[key] = single
+        holds += len(gone)
+        self._holds -= holds
+        return holds, len(gone)
+
+    def remove_key(self, key: bytes) -> list[int]:
+        v = self._m.pop(key, None)
+        if v is None:
+            return []
+        if isinstance(v, tuple):
+            self._holds -= 1
+            return [v[0]]
+        self._holds -= len(v)
+        return list(v)
+
+    def sweep(self, stale_at_or_before: int) -> tuple[dict[int, int], int]:
+        m = self._m
+        per_replica: dict[int, int] = {}
+        gone: list[bytes] = []
+        replace: list[tuple[bytes, _Holders]] = []
+        for key, v in m.items():
+            if isinstance(v, tuple):
+                if v[2] <= stale_at_or_before:
+                    gone.append(key)
+                    r = v[0]
+                    per_replica[r] = per_replica.get(r, 0) + 1
+                continue
+            stale = [r for r, h in v.items() if h[1] <= stale_at_or_before]
+            if not stale:
+                continue
+            for r in stale:
+                per_replica[r] = per_replica.get(r, 0) + 1
+            if len(stale) == len(v):
+                gone.append(key)
+                continue
+            keep = {r: h for r, h in v.items() if h[1] > stale_at_or_before}
+            if len(keep) == 1:
+                ((r, h),) = keep.items()
+                replace.append((key, (r, h[0], h[1], h[2], h[3])))
+            else:
+                replace.append((key, keep))
+        for key in gone:
+            del m[key]
+        for key, holders in replace:
+            m[key] = holders
+        self._holds -= sum(per_replica.values())
+        return per_replica, len(gone)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def holders(self, key: bytes, fresh_after: int) -> list[tuple[int, int, int, int]]:
+        v = self._m.get(key)
+        if v is None:
+            return []
+        if isinstance(v, tuple):
+            if v[2] > fresh_after:
+                return [(v[0], v[1], v[2], v[3])]
+            return []
+        return [(r, h[0], h[1], h[2]) for r, h in v.items() if h[1] > fresh_after]
+
+    def walk(
+        self, keys: Sequence[bytes] | bytes, counts: Sequence[int], fresh_after: int
+    ) -> list[Run]:
+        m = self._m
+        if isinstance(keys, bytes):
+            n = min(len(keys) >> 3, len(counts))
+            k0 = keys[0:8]
+        else:
+            n = min(len(keys), len(counts))
+            k0 = keys[0] if n else b""
+        if n == 0:
+            return []
+        v = m.get(k0)
+        if v is None:
+            return []
+        # past a block-0 hit, split packed keys once (in C when the accelerator is built)
+        seq: Sequence[bytes] = split_packed(keys[: 8 * n]) if isinstance(keys, bytes) else keys
+        # runs: replica -> [oldest, tier, blocks]
+        if isinstance(v, tuple):
+            if v[2] <= fresh_after:
+                return []
+            runs: dict[int, list[int]] = {v[0]: [v[2], v[3], 1]}
+        else:
+            runs = {r: [h[1], h[2], 1] for r, h in v.items() if h[1] > fresh_after}
+            if not runs:
+                return []
+        final: list[tuple[int, list[int]]] = []
+        i = 1
+        while i < n and runs:
+            if len(runs) == 1:
+                # Tight loop while a single replica runs (the common case): dict probes in
+                # C-level chunks (map), a few compares per block in Python.
+                ((r, run),) = runs.items()
+                oldest, tier, blocks = run
+                get = m.get
+                stop = False
+                while i < n and not stop:
+                    chunk = list(map(get, seq[i : min(n, i + _CHUNK)]))
+                    i += len(chunk)
+                    for v in chunk:
+                        if v is None:
+                            stop = True
+                            break
+                        if isinstance(v, tuple):
+                            if v[0] != r:
+                                stop = True
+                                break
+                            ts = v[2]
+                            t = v[3]
+                        else:
+                            h = v.get(r)
+                            if h is None:
+                                stop = True
+                                break
+                            ts = h[1]
+                            t = h[2]
+                        if ts <= fresh_after:
+                            stop = True
+                            break
+                        if ts < oldest:
+                            oldest = ts
+                        if t > tier:
+                            tier = t
+                        blocks += 1
+                final.append((r, [oldest, tier, blocks]))
+                runs = {}
+                break
+            v = m.get(seq[i])
+            if v is None:
+                break
+            cont: dict[int, list[int]] = {}
+            if isinstance(v, tuple):
+                r = v[0]
+                hit = runs.get(r)
+                if hit is not None and v[2] > fresh_after:
+                    if v[2] < hit[0]:
+                        hit[0] = v[2]
+                    if v[3] > hit[1]:
+                        hit[1] = v[3]
+                    hit[2] += 1
+                    cont[r] = hit
+            else:
+                for r, run in runs.items():
+                    h = v.get(r)
+                    if h is not None and h[1] > fresh_after:
+                        if h[1] < run[0]:
+                            run[0] = h[1]
+                        if h[2] > run[1]:
+                            run[1] = h[2]
+                        run[2] += 1
+                        cont[r] = run
+            if len(cont) != len(runs):
+                final.extend((r, run) for r, run in runs.items() if r not in cont)
+            runs = cont
+            i += 1
+        final.extend(runs.items())
+        out: list[Run] = []
+        sums: dict[int, int] = {}
+        for r, (oldest, tier, blocks) in final:
+            tokens = sums.get(blocks)
+            if tokens is None:
+                tokens = wrap32(sum(counts[:blocks]))
+                sums[blocks] = tokens
+            out.append(Run(r, tokens, oldest, tier, blocks))
+        return out
+
+    def cap_candidates(self, k: int, lfu: bool) -> list[tuple[int, int, bytes, int]]:
+        if k <= 0:
+            return []
+
+        def all_holds() -> Iterator[tuple[int, int, bytes, int]]:
+            for key, v in self._m.items():
+                if isinstance(v, tuple):
+                    yield (v[4] if lfu else 0), v[2], key, v[0]
+                else:
+                    for r, h in v.items():
+                        yield (h[3] if lfu else 0), h[1], key, r
+
+        if self._holds <= k:
+            return list(all_holds())
+        best = heapq.nsmallest(k, all_holds(), key=lambda c: (c[0], c[1]))
+        edge = (best[-1][0], best[-1][1])
+        return [c for c in all_holds() if (c[0], c[1]) <= edge]
+
+    def quota_candidates(self, k: int) -> list[tuple[int, bytes]]:
+        if k <= 0:
+            return []
+
+        def newest() -> Iterator[tuple[int, bytes]]:
+            for key, v in self._m.items():
+                if isinstance(v, tuple):
+                    yield v[2], key
+                else:
+                    yield max(h[1] for h in v.values()), key
+
+        if len(self._m) <= k:
+            return list(newest())
+        best = heapq.nsmallest(k, newest(), key=lambda c: c[0])
+        edge = best[-1][0]
+        return [c for c in newest() if c[0] <= edge]
+
+    def replica_summary(self) -> dict[int, tuple[int, int]]:
+        out: dict[int, tuple[int, int]] = {}
+        for v in self._m.values():
+            if isinstance(v, tuple):
+                items: Iterator[tuple[int, int]] = iter(((v[0], v[2]),))
+            else:
+                items = ((r, h[1]) for r, h in v.items())
+            for r, ts in items:
+                cur = out.get(r)
+                if cur is None:
+                    out[r] = (1, ts)
+                else:
+                    out[r] = (cur[0] + 1, ts if ts > cur[1] else cur[1])
+        return out
+
+    def holds(self) -> Iterator[Hold]:
+        for key, v in list(self._m.items()):
+            if isinstance(v, tuple):
+                yield Hold(key, v[0], v[1], v[2], v[3], v[4])
+            else:
+                for r, h in list(v.items()):
+                    yield Hold(key, r, h[0], h[1], h[2], h[3])

@@ -1,0 +1,37 @@
+"""The compiled ``PartitionStore``: ``NativeStore`` is the C type ``_blockmap.BlockMap``.
+
+The C type implements the Protocol of ``store.py`` directly (its ``walk`` builds
+``store.Run`` tuples in C, ``holds()`` yields ``store.Hold``), so there is no Python layer on
+the hot path. Design and measurements: ``docs/index-store.md``.
+
+Importing this module raises ``ImportError`` when the extension was not built or when
+``INFERENCECACHE_PURE_PYTHON`` is set; ``index/backends.py`` decides whether that is fatal
+(``INFERENCECACHE_REQUIRE_NATIVE``) or falls back to the pure-Python twin ``memstore``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+
+def _env_flag(name: str) -> bool:
+    # Same reading of a boolean variable as index/backends.py.
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+if _env_flag("INFERENCECACHE_PURE_PYTHON"):
+    raise ImportError("inferencecache.index.nativestore is disabled by INFERENCECACHE_PURE_PYTHON")
+
+from inferencecache.index._blockmap import BlockMap  # noqa: E402  (ImportError when not built)
+
+NativeStore = BlockMap
+"""Factory of the compiled store: ``NativeStore()`` is an empty partition."""
+
+__all__ = ["BlockMap", "NativeStore"]
+
+if TYPE_CHECKING:
+    from inferencecache.index.store import PartitionStore
+
+    def _conforms(store: BlockMap) -> PartitionStore:
+        return store  # mypy proves BlockMap satisfies the Protocol

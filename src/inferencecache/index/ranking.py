@@ -1,0 +1,212 @@
+"""Scores, DP, TENANT_HOT candidates, the miss classifier, gates and affinity (contract §5.4-§5.9).
+
+Scores follow the reference's float32 arithmetic: freshness and the other factors are computed
+in float64, narrowed to float32, and multiplied left to right as written with a float32
+rounding after each product (``f32``), so ties and scores sitting exactly on a floor come out as
+the reference's. Factors equal to 1 skip their multiplication (exact either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from inferencecache.index.ingest import f32
+from inferencecache.index.model import Reason
+from inferencecache.index.settings import IndexSettings
+from inferencecache.index.state import IndexState, StatsRow
+
+
+class Row:
+    """A scored replica while ranking. ``blocks`` = holds to LFU-credit: the run length on the
+    chain path, 1 or 0 on the exact path, 0 for TENANT_HOT."""
+
+    __slots__ = ("blocks", "matched", "prob", "replica_id", "rid", "score", "tier")
+
+    def __init__(
+        self,
+        score: float,
+        replica_id: str,
+        matched: int,
+        prob: float,
+        tier: int,
+        rid: int,
+        blocks: int,
+    ) -> None:
+        self.score = score
+        self.replica_id = replica_id
+        self.matched = matched
+        self.prob = prob
+        self.tier = tier
+        self.rid = rid
+        self.blocks = blocks
+
+    def __repr__(self) -> str:
+        return (
+            f"Row({self.replica_id!r}, score={self.score}, matched={self.matched}, "
+            f"prob={self.prob}, tier={self.tier})"
+        )
+
+
+def freshness(age_us: int, ttl_us: int) -> float:
+    """§5.4: 1 at age <= 0, 0 at age >= ttl, linear between (float64)."""
+    if age_us <= 0:
+        return 1.0
+    if age_us >= ttl_us:
+        return 0.0
+    return 1.0 - age_us / ttl_us
+
+
+def dp_factor(match: int, total: int) -> float:
+    """§5.4 DP: 1 if total <= 1 or match < 0; 0 if match >= total; else 1 - match/total."""
+    if total <= 1 or match < 0:
+        return 1.0
+    if match >= total:
+        return 0.0
+    return 1.0 - match / total
+
+
+def slo_coeff(settings: IndexSettings, ttft_ms: int) -> float:
+    tight = settings.slo_tight_ttft_ms
+    bias = settings.slo_tight_bias
+    if tight > 0 and bias > 0 and 0 < ttft_ms < tight:
+        return f32(bias)
+    return 0.0
+
+
+def pressure_factor(settings: IndexSettings, pressure: float) -> float:
+    pf = 1.0 - settings.pressure_weight * pressure
+    if pf <= 0.0:
+        return 0.0
+    if pf >= 1.0:
+        return 1.0
+    return f32(pf)
+
+
+def prefix_match_score(matched: int, f: float, pf: float, slo: float, dp: float) -> float:
+    """``matched * f * pressure_factor * (1 + f*slo) * DP`` in float32 (§5.4)."""
+    s = f32(f32(float(matched)) * f) if f != 1.0 else f32(float(matched))
+    if pf != 1.0:
+        s = f32(s * pf)
+    if slo:
+        s = f32(s * f32(1.0 + f32(f * slo)))
+    if dp != 1.0:
+        s = f32(s * f32(dp))
+    return s
+
+
+def tenant_hot_score(hit_rate: float, recency: float, pf: float, slo: float) -> float:
+    """``hit_rate * recency * pressure_factor * (1 + recency*slo)`` in float32 (§5.4)."""
+    s = f32(hit_rate * recency)
+    if pf != 1.0:
+        s = f32(s * pf)
+    if slo:
+        s = f32(s * f32(1.0 + f32(recency * slo)))
+    return s
+
+
+def fresh_pressure(rows: dict[int, StatsRow] | None, rid: int, fresh_after: int) -> float:
+    """PREFIX_MATCH pressure: the row's value if ``stats_reported`` is within the TTL, else 0."""
+    if rows is None:
+        return 0.0
+    row = rows.get(rid)
+    if row is None or row.stats_reported <= fresh_after:
+        return 0.0
+    return row.pressure
+
+
+def _rank_key(r: Row) -> tuple[float, str]:
+    return (-r.score, r.replica_id)
+
+
+def rank(rows: list[Row]) -> None:
+    """Order best first: score descending, ties by replica_id ascending (UTF-8 = str order)."""
+    if len(rows) > 1:
+        rows.sort(key=_rank_key)
+
+
+def chain_dp(rows: list[Row], total: int) -> list[float]:
+    """Chain-path DP per row: ``match`` = rows with matched >= this row's matched."""
+    if total <= 1:
+        return [1.0] * len(rows)
+    matched = sorted(r.matched for r in rows)
+    n = len(matched)
+    return [dp_factor(n - bisect_left(matched, r.matched), total) for r in rows]
+
+
+def tenant_hot(
+    st: IndexState,
+    settings: IndexSettings,
+    tenant: str,
+    model: str,
+    scheme: str,
+    now_us: int,
+    slo: float,
+) -> list[Row]:
+    """§5.6 candidates (exact path after a miss): warm stats rows of replicas serving the scope."""
+    max_age = settings.tenant_hot_max_age_us
+    if max_age <= 0:
+        return []
+    rows = st.stats.get((tenant, model))
+    if not rows:
+        return []
+    serving = st.serving.get((tenant, model, scheme))
+    if not serving:
+        return []
+    min_hit = settings.tenant_hot_min_hit_rate
+    names = st.replicas.names
+    out: list[Row] = []
+    for rid, row in rows.items():
+        age = now_us - row.stats_reported
+        if age >= max_age or row.hit_rate < min_hit or serving.get(rid, 0) <= 0:
+            continue
+        recency = 1.0 - age / max_age
+        recency = 0.0 if recency < 0.0 else (1.0 if recency > 1.0 else f32(recency))
+        pf = pressure_factor(settings, row.pressure)
+        score = tenant_hot_score(row.hit_rate, recency, pf, slo)
+        out.append(Row(score, names[rid] or "", 0, row.hit_rate, 0, rid, 0))
+    rank(out)
+    return out
+
+
+def classify(st: IndexState, tenant: str, model: str, scheme: str) -> str | None:
+    """§5.7 miss classifier; None = StrategyNone (cold start or novel prefix)."""
+    if st.total_keys == 0:
+        return None
+    if not st.keys_by_tenant.get(tenant):
+        return Reason.UNKNOWN_TENANT
+    if not st.keys_by_tm.get((tenant, model)):
+        return Reason.UNKNOWN_MODEL
+    if not st.serving.get((tenant, model, scheme)):
+        return Reason.UNKNOWN_HASH_SCHEME
+    return None
+
+
+_LEN8 = b"\x00\x00\x00\x08"
+
+
+def _seed_of_packed(packed: bytes) -> bytes:
+    """``concat(u32_be(8) || h)`` over 8-byte hashes, with strided C-level copies."""
+    n = len(packed) >> 3
+    out = bytearray(12 * n)
+    out[3::12] = b"\x08" * n
+    for j in range(8):
+        out[4 + j :: 12] = packed[j : 8 * n : 8]
+    return bytes(out)
+
+
+def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
+    """§5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
+    if isinstance(keys, bytes):
+        return _seed_of_packed(keys)
+    if set(map(len, keys)) == {8}:
+        return _LEN8 + _LEN8.join(keys)
+    return b"".join(struct.pack(">I", len(h)) + h for h in keys)
+
+
+def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
+    """§5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
+    head = hashlib.sha256(seed).digest()[:8]
+    return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]

@@ -1,0 +1,227 @@
+"""Differential test: random operation sequences on the compiled store and on the pure-Python
+twin ``MemStore`` must give the same result for every call and the same holds after each step.
+
+The key pool mixes 8-byte keys (sequential, structured and random-looking) with keys of other
+lengths (empty, 1..7, 9, 256 bytes, 8-byte keys' prefixes and extensions), so slots with
+inline keys and side-table keys share clusters. Timestamps come from a narrow range so
+freshness boundaries and eviction ties are hit often.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from inferencecache.index.memstore import MemStore
+
+from ._native import BLOCKMAP
+
+pytestmark = pytest.mark.skipif(BLOCKMAP is None, reason="C accelerator not built")
+
+
+def _pool() -> list[bytes]:
+    eight = [struct.pack("<Q", i) for i in range(12)]  # sequential values
+    eight += [struct.pack(">Q", i << 40) for i in range(1, 5)]  # structured high bits
+    eight += [bytes([i]) * 8 for i in range(200, 204)]
+    odd = [b"", b"\x00", b"\x00" * 7, b"\x00" * 9, bytes(range(256)), bytes(range(255))]
+    odd += [eight[1][:4], eight[1] + b"\x00", eight[2] + b"tail", eight[13][:7]]
+    return eight + odd
+
+
+POOL = _pool()
+EIGHT = [k for k in POOL if len(k) == 8]
+I32 = st.integers(-(2**31), 2**31 - 1)
+TOKENS = st.one_of(st.integers(-5, 100), I32)
+COUNT = st.one_of(st.integers(-3, 64), st.integers(-(2**40), 2**40))
+TIME = st.integers(0, 20)
+TIER = st.one_of(st.sampled_from([1, 2, 3, 2**31 - 1]), st.integers(4, 2**31 - 1))
+REPLICA = st.one_of(st.integers(0, 5), st.just(2**32 - 2))
+KEY = st.sampled_from(POOL)
+CHAIN = st.lists(KEY, min_size=0, max_size=24)
+CHAIN8 = st.lists(st.sampled_from(EIGHT), min_size=0, max_size=24)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        assert BLOCKMAP is not None
+        self.native: Any = BLOCKMAP.BlockMap()
+        self.ref = MemStore()
+
+    @initialize(
+        chains=st.lists(
+            st.tuples(st.lists(KEY, min_size=1, max_size=30), REPLICA, TIME, TIER), max_size=4
+        )
+    )
+    def seed(self, chains: list[tuple[list[bytes], int, int, int]]) -> None:
+        for keys, replica, ts, tier in chains:
+            tokens = list(range(1, len(keys) + 1))
+            a = self.native.upsert_many(keys, tokens, replica, ts, tier)
+            assert a == self.ref.upsert_many(keys, tokens, replica, ts, tier)
+
+    @rule(key=KEY, replica=REPLICA, tokens=TOKENS, ts=TIME, tier=TIER)
+    def upsert(self, key: bytes, replica: int, tokens: int, ts: int, tier: int) -> None:
+        a = self.native.upsert(key, replica, tokens, ts, tier)
+        assert a == self.ref.upsert(key, replica, tokens, ts, tier)
+
+    @rule(keys=CHAIN, data=st.data(), replica=REPLICA, ts=TIME, tier=TIER)
+    def upsert_many(
+        self, keys: list[bytes], data: st.DataObject, replica: int, ts: int, tier: int
+    ) -> None:
+        tokens = data.draw(st.lists(TOKENS, min_size=len(keys), max_size=len(keys)))
+        a = self.native.upsert_many(keys, tokens, replica, ts, tier)
+        assert a == self.ref.upsert_many(keys, tokens, replica, ts, tier)
+
+    @rule(key=KEY, replica=REPLICA)
+    def remove_hold(self, key: bytes, replica: int) -> None:
+        assert self.native.remove_hold(key, replica) == self.ref.remove_hold(key, replica)
+
+    @rule(replica=REPLICA)
+    def remove_replica(self, replica: int) -> None:
+        assert self.native.remove_replica(replica) == self.ref.remove_replica(replica)
+
+    @rule(key=KEY)
+    def remove_key(self, key: bytes) -> None:
+        assert sorted(self.native.remove_key(key)) == sorted(self.ref.remove_key(key))
+
+    @rule(t=st.integers(-1, 21))
+    def sweep(self, t: int) -> None:
+        assert self.native.sweep(t) == self.ref.sweep(t)
+
+    @rule(keys=CHAIN, data=st.data(), replica=REPLICA, packed=st.booleans())
+    def credit(self, keys: list[bytes], data: st.DataObject, replica: int, packed: bool) -> None:
+        blocks = data.draw(st.integers(0, len(keys)))  # the twin indexes keys[:blocks]
+        if packed and all(len(k) == 8 for k in keys):
+            self.native.credit(b"".join(keys), blocks, replica)
+        else:
+            self.native.credit(keys, blocks, replica)
+        self.ref.credit(keys, blocks, replica)
+
+    @rule(keys=CHAIN, data=st.data(), fresh_after=st.integers(-1, 21))
+    def walk(self, keys: list[bytes], data: st.DataObject, fresh_after: int) -> None:
+        counts = data.draw(st.lists(COUNT, min_size=len(keys), max_size=len(keys)))
+        want = sorted(self.ref.walk(keys, counts, fresh_after))
+        assert sorted(self.native.walk(keys, counts, fresh_after)) == want
+
+    @rule(keys=CHAIN8, data=st.data(), fresh_after=st.integers(-1, 21))
+    def walk_packed(self, keys: list[bytes], data: st.DataObject, fresh_after: int) -> None:
+        counts = data.draw(st.lists(COUNT, min_size=len(keys), max_size=len(keys)))
+        packed = b"".join(keys)
+        want = sorted(self.ref.walk(packed, counts, fresh_after))
+        assert sorted(self.native.walk(packed, counts, fresh_after)) == want
+        assert sorted(self.native.walk(keys, counts, fresh_after)) == want
+
+    @rule(data=st.data(), fresh_after=st.integers(-1, 21))
+    def walk_existing_chain(self, data: st.DataObject, fresh_after: int) -> None:
+        """Walk a chain made of stored keys so long runs and many replicas are exercised."""
+        stored = sorted({h.key for h in self.ref.holds()})
+        if not stored:
+            return
+        keys = data.draw(st.lists(st.sampled_from(stored), min_size=1, max_size=30))
+        counts = data.draw(st.lists(COUNT, min_size=len(keys), max_size=len(keys)))
+        want = sorted(self.ref.walk(keys, counts, fresh_after))
+        assert sorted(self.native.walk(keys, counts, fresh_after)) == want
+
+    @rule(key=KEY, fresh_after=st.integers(-1, 21))
+    def holders(self, key: bytes, fresh_after: int) -> None:
+        a = sorted(self.native.holders(key, fresh_after))
+        assert a == sorted(self.ref.holders(key, fresh_after))
+
+    @rule(k=st.integers(-1, 40), lfu=st.booleans())
+    def cap_candidates(self, k: int, lfu: bool) -> None:
+        a = sorted(self.native.cap_candidates(k, lfu))
+        assert a == sorted(self.ref.cap_candidates(k, lfu))
+
+    @rule(k=st.integers(-1, 30))
+    def quota_candidates(self, k: int) -> None:
+        assert sorted(self.native.quota_candidates(k)) == sorted(self.ref.quota_candidates(k))
+
+    @precondition(lambda self: self.ref.hold_count() > 0)
+    @rule()
+    def replica_summary(self) -> None:
+        assert self.native.replica_summary() == self.ref.replica_summary()
+
+    @invariant()
+    def same_holds(self) -> None:
+        assert sorted(self.native.holds()) == sorted(self.ref.holds())
+        assert self.native.key_count() == self.ref.key_count()
+        assert self.native.hold_count() == self.ref.hold_count()
+        self.native.check_invariants()
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestStoreMachine = StoreMachine.TestCase
+
+
+class BulkMachine(RuleBasedStateMachine):
+    """Fewer, bigger steps: thousands of keys so the table grows, shrinks and compacts its
+    overflow arena while replicas come and go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert BLOCKMAP is not None
+        self.native: Any = BLOCKMAP.BlockMap()
+        self.ref = MemStore()
+
+    @rule(
+        start=st.integers(0, 3000),
+        n=st.integers(1, 3000),
+        replica=st.integers(0, 7),
+        ts=st.integers(0, 10),
+    )
+    def ingest(self, start: int, n: int, replica: int, ts: int) -> None:
+        keys = [struct.pack("<Q", start + i) for i in range(n)]
+        if start % 5 == 0:
+            keys += [bytes(range(start % 40)) + b"x" * (i % 3) for i in range(20)]
+        tokens = [16 * (i + 1) for i in range(len(keys))]
+        a = self.native.upsert_many(keys, tokens, replica, ts, 1)
+        assert a == self.ref.upsert_many(keys, tokens, replica, ts, 1)
+
+    @rule(replica=st.integers(0, 7))
+    def clear(self, replica: int) -> None:
+        assert self.native.remove_replica(replica) == self.ref.remove_replica(replica)
+
+    @rule(t=st.integers(-1, 10))
+    def sweep(self, t: int) -> None:
+        assert self.native.sweep(t) == self.ref.sweep(t)
+
+    @rule(start=st.integers(0, 3000), fresh_after=st.integers(-1, 10))
+    def walk(self, start: int, fresh_after: int) -> None:
+        keys = b"".join(struct.pack("<Q", start + i) for i in range(512))
+        counts = [16] * 512
+        want = sorted(self.ref.walk(keys, counts, fresh_after))
+        assert sorted(self.native.walk(keys, counts, fresh_after)) == want
+
+    @rule(k=st.integers(1, 5000), lfu=st.booleans())
+    def candidates(self, k: int, lfu: bool) -> None:
+        assert sorted(self.native.cap_candidates(k, lfu)) == sorted(self.ref.cap_candidates(k, lfu))
+        assert sorted(self.native.quota_candidates(k)) == sorted(self.ref.quota_candidates(k))
+
+    @invariant()
+    def same_holds(self) -> None:
+        assert self.native.hold_count() == self.ref.hold_count()
+        assert self.native.key_count() == self.ref.key_count()
+        assert self.native.replica_summary() == self.ref.replica_summary()
+        self.native.check_invariants()
+
+    def teardown(self) -> None:
+        assert sorted(self.native.holds()) == sorted(self.ref.holds())
+
+
+BulkMachine.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestBulkMachine = BulkMachine.TestCase
