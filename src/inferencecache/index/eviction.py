@@ -63,15 +63,43 @@ def enforce_quota(st: IndexState, tenant: str) -> None:
         st.metrics.tenant_evictions(tenant, REASON_OVER_ENTRIES, removed)
 
 
-def enforce_cap(st: IndexState) -> None:
-    """§6.3: while non-probe holds exceed ``max_holds``, remove the smallest by (effective
-    count, last_seen, tenant, model, scheme, adapter, hash, replica_id)."""
-    max_holds = st.settings.max_holds
-    if max_holds <= 0:
-        return
-    over = st.total_holds - st.reserved_holds - max_holds
-    if over <= 0:
-        return
+POOL_MIN = 1024
+"""Smallest batch of cap candidates computed at once (see ``CapPool``)."""
+
+_NO_TS = -(2**63)
+
+
+class CapPool:
+    """The next global-cap victims in exact §6.3 order, computed in batches.
+
+    Finding the smallest holds scans every partition, so at a full index a scan per ingest would
+    cost milliseconds per update. Instead one scan yields the ``k`` smallest holds in full order
+    and later ingests pop from them. The pool stays exact because every hold outside it sorted
+    after ``threshold`` (its last entry) when it was built, and nothing can move a hold in front
+    of the threshold without dropping the pool: an upsert whose ``(0, ts)`` is not above the
+    threshold's ``(count, last_seen)`` (``note_upsert``), any LFU credit (``drop``), and a config
+    swap (``drop``). A popped entry is re-checked against the store (still there, same
+    ``last_seen``), which catches holds that were removed or refreshed since.
+    """
+
+    __slots__ = ("entries", "pos", "threshold")
+
+    def __init__(
+        self, entries: list[tuple[bytes, int, Partition, str, int]], threshold: tuple[int, int]
+    ) -> None:
+        self.entries = entries  # (key, rid, partition, algorithm, last_seen) in victim order
+        self.pos = 0
+        self.threshold = threshold  # (effective count, last_seen) of the last entry
+
+
+def note_upsert(st: IndexState, ts: int) -> None:
+    """An ingest is about to write holds with ``last_seen = ts`` (any tenant, any count)."""
+    pool = st.cap_pool
+    if pool is not None and (0, ts) <= pool.threshold:
+        st.cap_pool = None
+
+
+def _build_pool(st: IndexState, k: int) -> CapPool | None:
     names = st.replicas.names
     policies = st.policies
     cands: list[tuple[int, int, str, str, str, str, bytes, str, int, Partition, str]] = []
@@ -79,7 +107,7 @@ def enforce_cap(st: IndexState) -> None:
         if part.probe:
             continue
         pol = policies.get(part.tenant)
-        for eff, ts, key, rid in part.store.cap_candidates(over, pol.lfu):
+        for eff, ts, key, rid in part.store.cap_candidates(k, pol.lfu):
             cands.append(
                 (
                     eff,
@@ -95,13 +123,47 @@ def enforce_cap(st: IndexState) -> None:
                     pol.algorithm,
                 )
             )
+    if not cands:
+        return None
     cands.sort(key=lambda c: c[:8])
+    del cands[k:]
+    last = cands[-1]
+    return CapPool([(c[6], c[8], c[9], c[10], c[1]) for c in cands], (last[0], last[1]))
+
+
+def _still_there(part: Partition, key: bytes, rid: int, last_seen: int) -> bool:
+    for r, _tokens, ts, _tier in part.store.holders(key, _NO_TS):
+        if r == rid:
+            return ts == last_seen
+    return False
+
+
+def enforce_cap(st: IndexState) -> None:
+    """§6.3: while non-probe holds exceed ``max_holds``, remove the smallest by (effective
+    count, last_seen, tenant, model, scheme, adapter, hash, replica_id)."""
+    max_holds = st.settings.max_holds
+    if max_holds <= 0:
+        return
+    over = st.total_holds - st.reserved_holds - max_holds
+    if over <= 0:
+        return
     evicted: Counter[str] = Counter()
-    for c in cands[:over]:
-        key, rid, part, algorithm = c[6], c[8], c[9], c[10]
-        bits = part.store.remove_hold(key, rid)
-        if bits:
-            st.removed_per_replica(part, {rid: 1}, 1 if bits & KEY_REMOVED else 0)
-            evicted[algorithm] += 1
+    while over > 0:
+        pool = st.cap_pool
+        if pool is None or pool.pos >= len(pool.entries):
+            pool = st.cap_pool = _build_pool(st, max(over, POOL_MIN))
+            if pool is None:
+                break
+        entries = pool.entries
+        while over > 0 and pool.pos < len(entries):
+            key, rid, part, algorithm, last_seen = entries[pool.pos]
+            pool.pos += 1
+            if st.parts.get(part.key) is not part or not _still_there(part, key, rid, last_seen):
+                continue
+            bits = part.store.remove_hold(key, rid)
+            if bits:
+                st.removed_per_replica(part, {rid: 1}, 1 if bits & KEY_REMOVED else 0)
+                evicted[algorithm] += 1
+                over -= 1
     for algorithm, n in evicted.items():
         st.metrics.index_evictions(algorithm, REASON_CAP, n)

@@ -56,6 +56,7 @@ class Index:
         table = PolicyTable(config, self.settings.default_ttl_us)
         with self._lock:
             self._state.policies = table
+            self._state.cap_pool = None  # algorithms may have changed
 
     def policy(self, tenant_id: str) -> EffectivePolicy:
         """The effective policy of a tenant (defaults when it has no entry)."""

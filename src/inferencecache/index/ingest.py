@@ -12,6 +12,7 @@ import math
 import struct
 from itertools import accumulate
 
+from inferencecache.index.eviction import note_upsert
 from inferencecache.index.model import PROBE_TENANT, EventLike, EventType, StatsLike, UpdateLike
 from inferencecache.index.state import IndexState, StatsRow
 from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED
@@ -91,6 +92,7 @@ def apply_update(st: IndexState, u: UpdateLike, now_us: int, *, allow_probe: boo
         if not scheme:
             st.dropped[DROP_EMPTY_SCHEME] += n_entries
         else:
+            note_upsert(st, ts)
             _apply_prefixes(st, u, tenant, model, scheme, ts, n_entries)
     stats = _stats_of(u)
     if stats is not None:

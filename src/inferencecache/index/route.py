@@ -292,6 +292,7 @@ class Router:
                 return self._post(reason, start, scores, echo, adapter)
             if strategy == Reason.PREFIX_MATCH or strategy == Reason.TENANT_HOT:
                 if strategy == Reason.PREFIX_MATCH and pol.lfu and part is not None:
+                    st.cap_pool = None  # credits reorder LFU holds (eviction.CapPool)
                     _credit(part, rows, keys, exact_hash)
                 scores = [
                     ReplicaScore(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in rows

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from inferencecache.index.keys import IdPool, Interner
 from inferencecache.index.metrics import IndexMetrics
@@ -28,6 +29,9 @@ from inferencecache.index.model import PROBE_TENANT
 from inferencecache.index.policy import PolicyTable
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.store import PartitionStore
+
+if TYPE_CHECKING:
+    from inferencecache.index.eviction import CapPool
 
 PartKey = tuple[str, str, str, str]
 Scope = tuple[str, str, str]
@@ -123,6 +127,7 @@ class IndexState:
         self.entries_by_model: dict[str, int] = {}
         self._dirty_models: set[str] = set()
         self.dropped: Counter[str] = Counter()
+        self.cap_pool: CapPool | None = None  # next global-cap victims (eviction.CapPool)
 
     # -- partitions -----------------------------------------------------------------------
 
