@@ -24,7 +24,7 @@ TENANTS = ("t", "u")
 
 def _run(
     store_factory: Callable[[], PartitionStore], pool_min: int, seed: int, steps: int
-) -> list[dict[object, object]]:
+) -> list[dict[tuple[str, str, str, str, bytes, str], tuple[int, int, int, int]]]:
     old = eviction.POOL_MIN
     eviction.POOL_MIN = pool_min
     try:
@@ -32,7 +32,7 @@ def _run(
         env.policy("t", eviction="lfu")
         env.policy("u", base=TEST_POLICY)
         rng = random.Random(seed)
-        seen: list[dict[object, object]] = []
+        seen: list[dict[tuple[str, str, str, str, bytes, str], tuple[int, int, int, int]]] = []
         for _ in range(steps):
             op = rng.random()
             tenant = rng.choice(TENANTS)
