@@ -32,7 +32,7 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
 
 
-class _Duration(click.ParamType):
+class _Duration(click.ParamType[Any, float]):
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -44,7 +44,7 @@ class _Duration(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-class _GoBool(click.ParamType):
+class _GoBool(click.ParamType[Any, bool]):
     name = "bool"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -56,7 +56,7 @@ class _GoBool(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-class _HostPort(click.ParamType):
+class _HostPort(click.ParamType[Any, HostPort]):
     name = "host:port"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -68,7 +68,7 @@ class _HostPort(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-class _ZmqEndpoint(click.ParamType):
+class _ZmqEndpoint(click.ParamType[Any, str]):
     name = "endpoint"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -89,7 +89,7 @@ ZMQ_ENDPOINT = _ZmqEndpoint()
 class _Option(click.Option):
     """An option whose error messages name only its canonical ``--flag`` spelling."""
 
-    def get_error_hint(self, ctx: click.Context) -> str:
+    def get_error_hint(self, ctx: click.Context | None) -> str:
         return f"'{self.opts[0]}'"
 
 
@@ -97,7 +97,7 @@ def setting(
     default: Any = dataclasses.MISSING,
     *,
     help: str,
-    param: click.ParamType | type | None = None,
+    param: click.ParamType[Any, Any] | type | None = None,
     required: bool = False,
     metavar: str | None = None,
 ) -> Any:

@@ -1,0 +1,1 @@
+"""gRPC client commands (``inferencecache lookup``)."""

@@ -1,0 +1,1 @@
+"""The gRPC server, its HTTP surfaces and ``inferencecache serve``."""

@@ -1,0 +1,104 @@
+"""The server's view of the index: one object the gRPC service and the HTTP admin paths call.
+
+All translation between the contract's wire/JSON shapes and the index's plain types that is not
+protobuf-specific lives here (``/snapshot`` JSON, ``/policy`` errors, ``/probe``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from inferencecache.index.clock import Clock, SystemClock
+from inferencecache.index.facade import Index
+from inferencecache.index.model import CacheState, EventLike, LookupRequest, LookupResult, Update
+from inferencecache.index.policy import IndexConfig, PolicyError, decode_policy_body
+from inferencecache.index.probe import Prober, ProbeRequestError
+from inferencecache.index.route import PromptTokenizer, Router
+from inferencecache.index.settings import IndexSettings
+from inferencecache.server.metrics import PrometheusIndexMetrics, ServerMetrics
+from inferencecache.server.settings import ServeSettings
+
+log = logging.getLogger("inferencecache.server")
+
+
+def index_settings(s: ServeSettings) -> IndexSettings:
+    return IndexSettings(
+        pressure_weight=s.pressure_weight,
+        slo_tight_ttft_ms=s.slo_tight_ttft_ms,
+        slo_tight_bias=s.slo_tight_bias,
+        tenant_hot_min_hit_rate=s.tenant_hot_min_hit_rate,
+        tenant_hot_max_age=s.tenant_hot_max_age,
+        default_ttl=s.default_ttl,
+        sweep_interval=s.sweep_interval,
+        max_holds=s.max_holds,
+        engine_block_size=s.block_size,
+    )
+
+
+class IndexBackend:
+    """Implements ``server.app.Backend`` on the real ``Index`` + ``Router``."""
+
+    def __init__(
+        self,
+        settings: IndexSettings,
+        metrics: ServerMetrics,
+        *,
+        clock: Clock | None = None,
+        tokenizer: PromptTokenizer | None = None,
+        config: IndexConfig | None = None,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.index = Index(
+            settings, clock=self.clock, metrics=PrometheusIndexMetrics(metrics), config=config
+        )
+        self.router = Router(self.index, tokenizer=tokenizer)
+        self.prober = Prober(self.index)
+
+    # -- gRPC -----------------------------------------------------------------------------------
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    def apply_update(self, update: Update) -> None:
+        self.index.apply_update(update)
+
+    def apply_event(self, event: EventLike) -> None:
+        self.index.apply_event(event)
+
+    def lookup(self, request: LookupRequest) -> LookupResult:
+        return self.router.lookup(request)
+
+    def cache_state(self, tenant_id: str, model_id: str) -> CacheState:
+        return self.index.cache_state(tenant_id, model_id)
+
+    def sweep(self) -> None:
+        self.index.sweep()
+
+    # -- HTTP admin -------------------------------------------------------------------------------
+
+    def snapshot_json(self) -> bytes:
+        return json.dumps(self.index.snapshot(), separators=(",", ":")).encode()
+
+    def replace_policy(self, body: bytes) -> str | None:
+        try:
+            config = decode_policy_body(body)
+        except PolicyError as e:
+            return str(e)
+        self.index.replace_config(config)
+        log.info(
+            "policy replaced",
+            extra={"policies": len(config.policies), "quotas": len(config.quotas)},
+        )
+        return None
+
+    def probe(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            result = self.prober.run(body)
+        except ProbeRequestError as e:
+            return 400, json.dumps({"error": str(e)}).encode()
+        return 200, json.dumps(result).encode()
+
+    def close(self) -> None:
+        """Stop the tokenizer workers (after the gRPC server has drained)."""
+        self.router.close()

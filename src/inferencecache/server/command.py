@@ -1,0 +1,124 @@
+"""``inferencecache serve``: the hint-plane server (gRPC + HTTP) until SIGTERM/SIGINT.
+
+Start-up problems (unreadable files, a bad policy, a non-loopback listener without an admin
+token, an address that cannot be bound) exit 2 with one line on stderr naming the problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+import click
+
+from inferencecache import logs
+from inferencecache.cli import CONTEXT
+from inferencecache.config import command_options
+from inferencecache.server.settings import ServeSettings
+
+log = logging.getLogger("inferencecache.server")
+
+
+@click.command("serve", context_settings=CONTEXT)
+@command_options(ServeSettings)
+def serve(settings: ServeSettings) -> int:
+    """Serve the InferenceCache gRPC API, health, reflection and the HTTP surfaces."""
+    logs.setup(settings.python_log_level)
+    # grpc core logs through absl straight to stderr; keep stderr to our JSON lines unless the
+    # operator asked for grpc's own logs.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    import prometheus_client
+
+    # No *_created series on /metrics (process-wide switch; this process is the server).
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    # Imports after flag parsing keep `serve --help` and flag errors fast.
+    from inferencecache.index.policy import IndexConfig, PolicyError, load_policy_file
+    from inferencecache.server.app import ListenError, Listeners, Server
+    from inferencecache.server.auth import (
+        AuthConfigError,
+        BearerAuth,
+        check_listeners,
+        read_token_file,
+    )
+    from inferencecache.server.backend import IndexBackend, index_settings
+    from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
+
+    try:
+        token = read_token_file(settings.admin_token_file) if settings.admin_token_file else None
+        check_listeners(token, settings.listeners)
+    except AuthConfigError as e:
+        raise click.UsageError(str(e)) from e
+
+    tokenizers: TokenizerSet | None = None
+    if settings.tokenizer_dir:
+        try:
+            tokenizers = load_tokenizer_dir(settings.tokenizer_dir)
+        except TokenizerLoadError as e:
+            raise click.UsageError(f"--tokenizer-dir: {e}") from e
+        log.info("tokenizers loaded", extra={"models": tokenizers.model_ids})
+
+    config = IndexConfig()
+    if settings.policy_file:
+        try:
+            config = load_policy_file(settings.policy_file)
+        except PolicyError as e:
+            raise click.UsageError(f"--policy-file: {e}") from e
+
+    metrics = ServerMetrics()
+    backend = IndexBackend(index_settings(settings), metrics, tokenizer=tokenizers, config=config)
+    server = Server(
+        backend,
+        Listeners(settings.grpc_address, settings.http_address, settings.admin_address),
+        auth=BearerAuth(token),
+        metrics=metrics,
+        sweep_interval=backend.index.settings.sweep_interval,
+        grpc_workers=settings.grpc_workers,
+    )
+
+    stop = threading.Event()
+    received: list[str] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            server.start()
+        except ListenError as e:
+            raise click.UsageError(str(e)) from e
+        log.info(
+            "serving",
+            extra={
+                "grpc_address": f"{_host(settings.grpc_address.host)}:{server.grpc_port}",
+                "http_address": f"{_host(settings.http_address.host)}:{server.http_port}",
+                "admin_address": (
+                    f"{_host(settings.admin_address.host)}:{server.admin_port}"
+                    if settings.admin_address is not None
+                    else None
+                ),
+                "admin_auth": token is not None,
+                "block_size": backend.index.settings.engine_block_size,
+                "policies": len(config.policies),
+                "quotas": len(config.quotas),
+            },
+        )
+        while not stop.wait(1.0):
+            pass
+        log.info("shutting down", extra={"signal": received[0] if received else ""})
+        server.stop(settings.shutdown_grace)
+        log.info("stopped")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.stop(0)
+    return 0
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,218 @@
+"""HTTP surfaces (contract §9.2): health, readiness, metrics and the admin paths.
+
+aiohttp runs on its own asyncio loop in one thread, on sockets bound by the caller (so a bind
+error is reported before anything starts). The admin handlers run their index work in the
+default executor so a large ``/snapshot`` never stalls ``/healthz``. With auth enabled the bearer
+check runs before the method check: an unauthenticated ``POST /snapshot`` is 401, not 405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from inferencecache.server.auth import OK, BearerAuth
+from inferencecache.server.metrics import LazyChildren, ServerMetrics
+
+log = logging.getLogger("inferencecache.server.http")
+
+MAX_POLICY_BODY = 1024 * 1024
+"""``/policy`` bodies above 1 MiB are rejected with 400 (§9.4)."""
+MAX_PROBE_BODY = 4 * 1024
+"""``/probe`` bodies above 4 KiB are rejected with 400 (§9.5)."""
+
+
+class AdminBackend(Protocol):
+    """What the admin paths need from the server core (blocking calls, run off the loop)."""
+
+    def snapshot_json(self) -> bytes: ...
+
+    def replace_policy(self, body: bytes) -> str | None:
+        """Apply a ``/policy`` body; None on success, else the 400 message."""
+        ...
+
+    def probe(self, body: bytes) -> tuple[int, bytes]:
+        """Run the self-test; (HTTP status, JSON body)."""
+        ...
+
+
+@dataclass
+class HttpConfig:
+    registry: CollectorRegistry
+    metrics: ServerMetrics
+    auth: BearerAuth
+    backend: AdminBackend
+    ready: Callable[[], bool]
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _text(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=text, content_type="text/plain", headers=headers)
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None when it is larger than ``limit`` bytes."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _public_routes(app: web.Application, cfg: HttpConfig) -> None:
+    async def healthz(request: web.Request) -> web.Response:
+        return _text(200, "ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        return _text(200, "ok\n") if cfg.ready() else _text(503, "not ready\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, generate_latest, cfg.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+
+def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
+    def guarded(endpoint: str, methods: tuple[str, ...], inner: Handler) -> Handler:
+        children = LazyChildren(cfg.metrics.auth[endpoint])
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            result = cfg.auth.check(request.headers.get("Authorization"))
+            children(result).inc()
+            if result != OK:
+                return _text(401, "unauthorized\n", {"WWW-Authenticate": "Bearer"})
+            if request.method not in methods:
+                return _text(405, "method not allowed\n", {"Allow": ", ".join(methods)})
+            return await inner(request)
+
+        return handler
+
+    async def snapshot(request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, cfg.backend.snapshot_json)
+        return web.Response(body=body, content_type="application/json")
+
+    async def policy(request: web.Request) -> web.Response:
+        body = await _read_limited(request, MAX_POLICY_BODY)
+        if body is None:
+            return _text(400, f"policy body larger than {MAX_POLICY_BODY} bytes\n")
+        loop = asyncio.get_running_loop()
+        err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
+        if err is not None:
+            return _text(400, err.rstrip("\n") + "\n")
+        return web.Response(status=204)
+
+    async def probe(request: web.Request) -> web.Response:
+        body = await _read_limited(request, MAX_PROBE_BODY)
+        if body is None:
+            return _text(400, f"probe body larger than {MAX_PROBE_BODY} bytes\n")
+        loop = asyncio.get_running_loop()
+        status, out = await loop.run_in_executor(None, cfg.backend.probe, body)
+        return web.Response(status=status, body=out, content_type="application/json")
+
+    app.router.add_route("*", "/snapshot", guarded("snapshot", ("GET",), snapshot))
+    app.router.add_route("*", "/policy", guarded("policy", ("POST", "PUT"), policy))
+    app.router.add_route("*", "/probe", guarded("probe", ("POST",), probe))
+
+
+def build_apps(cfg: HttpConfig, separate_admin: bool) -> tuple[web.Application, web.Application]:
+    """(public app, admin app); they are the same app unless the admin paths have a listener."""
+    # client_max_size only bounds request.read(); the admin handlers stream with their own caps.
+    public = web.Application(client_max_size=MAX_POLICY_BODY + 1)
+    _public_routes(public, cfg)
+    if not separate_admin:
+        _admin_routes(public, cfg)
+        return public, public
+    admin = web.Application(client_max_size=MAX_POLICY_BODY + 1)
+    _admin_routes(admin, cfg)
+    return public, admin
+
+
+class HttpServer:
+    """Serves the apps on pre-bound sockets from a dedicated thread and event loop."""
+
+    def __init__(self, sites: list[tuple[web.Application, socket.socket]]) -> None:
+        self._sites = sites
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._runners: list[web.AppRunner] = []
+
+    def start(self, timeout: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise RuntimeError("HTTP server did not start in time")
+        if self._error is not None:
+            raise RuntimeError(f"HTTP server failed to start: {self._error}") from self._error
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._setup())
+        except BaseException as e:  # reported to start()
+            self._error = e
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._cleanup())
+            loop.close()
+
+    async def _setup(self) -> None:
+        seen: dict[int, web.AppRunner] = {}
+        for app, sock in self._sites:
+            runner = seen.get(id(app))
+            if runner is None:
+                runner = web.AppRunner(
+                    app, handle_signals=False, access_log=None, shutdown_timeout=5.0
+                )
+                await runner.setup()
+                seen[id(app)] = runner
+                self._runners.append(runner)
+            site = web.SockSite(runner, sock)
+            await site.start()
+
+    async def _cleanup(self) -> None:
+        for runner in self._runners:
+            try:
+                await runner.cleanup()
+            except Exception:
+                log.exception("HTTP cleanup failed")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, finish in-flight requests (bounded), close the loop."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)

@@ -1,0 +1,199 @@
+"""The server's Prometheus metrics (contract §9.1) in a dedicated registry.
+
+Label children on the lookup path are bound once per (model, reason, hint_used) and cached:
+``labels()`` costs ~2.7 µs a call, a cached child's ``inc()`` a fraction of that. Model ids come
+from clients, so the number of distinct ``model`` label values is bounded (``MAX_MODEL_LABELS``);
+later models share the label value ``OVERFLOW_MODEL`` instead of growing memory without end.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+MAX_MODEL_LABELS = 1024
+OVERFLOW_MODEL = "__other__"
+AUTH_ENDPOINTS = ("snapshot", "policy", "probe")
+
+
+class LazyChildren:
+    """Label children of one metric, bound on first use and cached (series appear lazily)."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
+
+
+class ServerMetrics:
+    """Every server-side metric, registered in ``self.registry`` (never the global one)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.server_up = Gauge("inferencecache_server_up", "1 while serving, 0 after.", registry=r)
+        self.grpc_tls_enabled = Gauge(
+            "inferencecache_server_grpc_tls_enabled", "1 if gRPC TLS is on.", registry=r
+        )
+        self.index_entries = Gauge(
+            "inferencecache_index_entries",
+            "Distinct index keys per model (probe tenant excluded).",
+            ["model"],
+            registry=r,
+        )
+        self.lookup_calls = Counter(
+            "inferencecache_lookup_route_calls",
+            "LookupRoute calls by model, reason code and whether a hint was returned.",
+            ["model", "reason_code", "hint_used"],
+            registry=r,
+        )
+        self.lookup_latency = Histogram(
+            "inferencecache_lookup_route_latency_seconds",
+            "LookupRoute handling latency.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tenant_evictions = Counter(
+            "inferencecache_tenant_evictions",
+            "Keys removed by tenant quotas.",
+            ["tenant_id", "reason"],
+            registry=r,
+        )
+        self.index_evictions = Counter(
+            "inferencecache_index_evictions",
+            "Holds removed by the global cap or the TTL sweep.",
+            ["algorithm", "reason"],
+            registry=r,
+        )
+        self.ingest_dropped = Counter(
+            "inferencecache_ingest_dropped",
+            "Prefix entries dropped at ingest.",
+            ["reason"],
+            registry=r,
+        )
+        self.auth = {
+            ep: Counter(
+                f"inferencecache_{ep}_auth",
+                f"Requests reaching /{ep} authentication, by result.",
+                ["result"],
+                registry=r,
+            )
+            for ep in AUTH_ENDPOINTS
+        }
+        self.undecodable = Counter(
+            "inferencecache_server_undecodable_requests",
+            "gRPC requests protobuf could not decode, by method (answered fail-open).",
+            ["method"],
+            registry=r,
+        )
+        self.lookup_errors = Counter(
+            "inferencecache_server_lookup_errors",
+            "LookupRoute calls that raised inside the server (answered NO_HINT).",
+            registry=r,
+        )
+        self.ingest_errors = Counter(
+            "inferencecache_server_ingest_errors",
+            "Updates/events skipped because applying them raised (a bug; logged).",
+            ["kind"],
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "inferencecache_server_report_stream_errors",
+            "ReportCacheState streams that ended with an error (cancel, undecodable message).",
+            ["reason"],
+            registry=r,
+        )
+        self.ingest_messages = Counter(
+            "inferencecache_server_ingest_messages",
+            "CacheStateUpdate messages and CacheEvents applied.",
+            ["kind"],
+            registry=r,
+        )
+        self.sweeps = Counter(
+            "inferencecache_server_sweeps", "TTL sweeps run (and failed).", ["result"], registry=r
+        )
+        self._lock = threading.Lock()
+        self._calls: dict[tuple[str, str, bool], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self._models: set[str] = set()
+
+    def _model_label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        with self._lock:
+            if model in self._models:
+                return model
+            if len(self._models) >= MAX_MODEL_LABELS:
+                return OVERFLOW_MODEL
+            self._models.add(model)
+            return model
+
+    def lookup_children(self, model: str, reason: str, hint_used: bool) -> tuple[Any, Any]:
+        """(counter child, histogram child) for one lookup outcome, bound once and cached."""
+        label = model if model in self._models else self._model_label(model)
+        key = (label, reason, hint_used)
+        counter = self._calls.get(key)
+        if counter is None:
+            counter = self.lookup_calls.labels(label, reason, "true" if hint_used else "false")
+            self._calls[key] = counter
+        latency = self._latency.get(label)
+        if latency is None:
+            latency = self.lookup_latency.labels(label)
+            self._latency[label] = latency
+        return counter, latency
+
+    def observe_lookup(self, model: str, reason: str, hint_used: bool, seconds: float) -> None:
+        """Exactly one counter increment and one latency observation per LookupRoute call."""
+        counter, latency = self.lookup_children(model, reason, hint_used)
+        counter.inc()
+        latency.observe(seconds)
+
+
+class PrometheusIndexMetrics:
+    """The index's ``IndexMetrics`` sink bound to the server registry (children cached)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._m = metrics
+        self._evictions: dict[tuple[str, str], Any] = {}
+        self._tenant: dict[tuple[str, str], Any] = {}
+        self._dropped: dict[str, Any] = {}
+        self._entries: dict[str, Any] = {}
+
+    def index_evictions(self, algorithm: str, reason: str, n: int) -> None:
+        child = self._evictions.get((algorithm, reason))
+        if child is None:
+            child = self._evictions[(algorithm, reason)] = self._m.index_evictions.labels(
+                algorithm, reason
+            )
+        child.inc(n)
+
+    def tenant_evictions(self, tenant_id: str, reason: str, n: int) -> None:
+        child = self._tenant.get((tenant_id, reason))
+        if child is None:
+            child = self._tenant[(tenant_id, reason)] = self._m.tenant_evictions.labels(
+                tenant_id, reason
+            )
+        child.inc(n)
+
+    def ingest_dropped(self, reason: str, n: int) -> None:
+        child = self._dropped.get(reason)
+        if child is None:
+            child = self._dropped[reason] = self._m.ingest_dropped.labels(reason)
+        child.inc(n)
+
+    def index_entries(self, model: str, n: int) -> None:
+        child = self._entries.get(model)
+        if child is None:
+            child = self._entries[model] = self._m.index_entries.labels(model)
+        child.set(n)

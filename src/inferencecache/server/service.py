@@ -1,0 +1,342 @@
+"""The ``inferencecache.v1alpha1.InferenceCache`` gRPC service: translation only.
+
+Registered as method handlers on grpcio's sync server (thread pool) rather than through the
+generated servicer base class, so LookupRoute can use the wire-level deserializer of
+``server.wire`` and every method can turn an undecodable request into a decision of ours instead
+of grpcio's generic INTERNAL error:
+
+- LookupRoute / LookupPDRoute (gateways, on the request path): fail open, status OK, ``NO_HINT``.
+- every other RPC: ``INVALID_ARGUMENT`` (a producer bug the producer should see); on a
+  ReportCacheState stream the updates before the bad message stay applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import grpc
+
+from inferencecache.index.model import (
+    PROBE_TENANT,
+    EventLike,
+    LookupRequest,
+    LookupResult,
+    Reason,
+    Update,
+)
+from inferencecache.server import wire
+from inferencecache.server.metrics import LazyChildren, ServerMetrics
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+log = logging.getLogger("inferencecache.server")
+
+SERVICE_NAME = "inferencecache.v1alpha1.InferenceCache"
+_NO_DEADLINE = 1e9  # grpcio reports "no deadline" as ~9.2e18 seconds remaining
+_LOG_EVERY = 10.0  # seconds between two "undecodable request" log lines per method
+
+
+def _peer(context: grpc.ServicerContext) -> str:
+    try:
+        return str(context.peer())
+    except Exception:
+        return ""
+
+
+class CacheStateRow(Protocol):
+    @property
+    def replica_id(self) -> str: ...
+    @property
+    def cache_memory_bytes(self) -> int: ...
+    @property
+    def hit_rate(self) -> float: ...
+    @property
+    def pressure(self) -> float: ...
+    @property
+    def t2_hit_tokens(self) -> int: ...
+    @property
+    def t2_query_tokens(self) -> int: ...
+
+
+class CacheStateView(Protocol):
+    @property
+    def replicas(self) -> Iterable[CacheStateRow]: ...
+    @property
+    def total_prefixes(self) -> int: ...
+    @property
+    def hot_prefixes(self) -> int: ...
+
+
+class ServiceBackend(Protocol):
+    """What the gRPC service needs from the index (all thread-safe, all synchronous)."""
+
+    def monotonic(self) -> float: ...
+    def apply_update(self, update: Update) -> None: ...
+    def apply_event(self, event: EventLike) -> None: ...
+    def lookup(self, request: LookupRequest) -> LookupResult: ...
+    def cache_state(self, tenant_id: str, model_id: str) -> CacheStateView: ...
+
+
+def update_from_message(msg: pb.CacheStateUpdate) -> Update:
+    """The index's input shape; the repeated ``PrefixEntry`` container passes straight in."""
+    return Update(
+        replica_id=msg.replica_id,
+        model_id=msg.model_id,
+        tenant_id=msg.tenant_id,
+        hash_scheme=msg.hash_scheme,
+        timestamp_us=msg.timestamp_us,
+        prefixes=msg.prefixes,
+        stats=msg.stats if msg.HasField("stats") else None,
+        adapter_id=msg.adapter_id,
+    )
+
+
+def response_from_result(res: LookupResult) -> pb.LookupRouteResponse:
+    resp = pb.LookupRouteResponse(
+        reason_code=res.reason_code,
+        lookup_latency_us=res.lookup_latency_us,
+        adapter_id=res.adapter_id,
+    )
+    add = resp.replica_scores.add
+    for s in res.replica_scores:
+        add(
+            replica_id=s.replica_id,
+            score=s.score,
+            matched_tokens=s.matched_tokens,
+            estimated_cache_hit_prob=s.estimated_cache_hit_prob,
+            tier=s.tier,  # type: ignore[arg-type]
+        )
+    if res.token_ids:
+        resp.token_ids.extend(res.token_ids)
+    return resp
+
+
+def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
+    parse = message_cls.FromString
+
+    def deserialize(buf: bytes) -> Any:
+        try:
+            return parse(buf)
+        except Exception:
+            return wire.UNDECODABLE
+
+    return deserialize
+
+
+class InferenceCacheService:
+    """Method implementations; ``handlers()`` returns the grpcio registration."""
+
+    def __init__(self, backend: ServiceBackend, metrics: ServerMetrics) -> None:
+        self._backend = backend
+        self._metrics = metrics
+        self._undecodable = LazyChildren(metrics.undecodable)
+        self._ingested = LazyChildren(metrics.ingest_messages)
+        self._stream_errors = LazyChildren(metrics.stream_errors)
+        self._last_bad_log: dict[str, float] = {}
+        self._lookup_errors = metrics.lookup_errors
+        self._ingest_errors = LazyChildren(metrics.ingest_errors)
+
+    # -- stubs (contract §2.2) ----------------------------------------------------------------
+
+    def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request is wire.UNDECODABLE:
+            self._reject(context, "RenderTemplate")
+        return pb.RenderTemplateResponse(reason_code="OK")
+
+    def lookup_pd_route(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request is wire.UNDECODABLE:
+            self._bad_request("LookupPDRoute", context)
+        return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+
+    def stream_cache_events(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        if request is wire.UNDECODABLE:
+            self._reject(context, "StreamCacheEvents")
+        return iter(())
+
+    def stream_metrics(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        if request is wire.UNDECODABLE:
+            self._reject(context, "StreamMetrics")
+        return iter(())
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def lookup_route(
+        self, request: LookupRequest | Any, context: grpc.ServicerContext
+    ) -> pb.LookupRouteResponse:
+        """Never a gRPC error: every failure here is a fail-open ``NO_HINT`` (contract §2.5)."""
+        start = time.perf_counter()
+        if request is wire.UNDECODABLE:
+            self._bad_request("LookupRoute", context)
+            return self._fail_open("", start)
+        try:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining < _NO_DEADLINE:
+                request.deadline = self._backend.monotonic() + remaining
+            result = self._backend.lookup(request)
+            resp = response_from_result(result)
+        except Exception:
+            self._lookup_errors.inc()
+            if self._log_due("lookup-error"):
+                log.exception(
+                    "lookup failed; answering NO_HINT", extra={"model": request.model_id}
+                )
+            return self._fail_open(request.model_id, start)
+        self._metrics.observe_lookup(
+            request.model_id,
+            result.reason_code,
+            bool(result.replica_scores),
+            result.lookup_latency_us / 1e6,
+        )
+        return resp
+
+    def _fail_open(self, model: str, start: float) -> pb.LookupRouteResponse:
+        elapsed = time.perf_counter() - start
+        self._metrics.observe_lookup(model, Reason.NO_HINT, False, elapsed)
+        return pb.LookupRouteResponse(
+            reason_code=Reason.NO_HINT, lookup_latency_us=int(elapsed * 1e6)
+        )
+
+    def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request is wire.UNDECODABLE:
+            self._reject(context, "GetCacheState")
+        resp = pb.GetCacheStateResponse()
+        resp.summary.SetInParent()
+        if request.tenant_id == PROBE_TENANT:
+            return resp
+        view = self._backend.cache_state(request.tenant_id, request.model_id)
+        for row in view.replicas:
+            resp.replicas.add(
+                replica_id=row.replica_id,
+                cache_memory_bytes=row.cache_memory_bytes,
+                hit_rate=row.hit_rate,
+                pressure=row.pressure,
+                t2_hit_tokens=row.t2_hit_tokens,
+                t2_query_tokens=row.t2_query_tokens,
+            )
+        resp.summary.total_prefixes = view.total_prefixes
+        resp.summary.hot_prefixes = view.hot_prefixes
+        return resp
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    def report_cache_state(
+        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+    ) -> Any:
+        """Apply each update on receipt; Ack at half-close (contract §4.1)."""
+        try:
+            for msg in request_iterator:
+                if msg is wire.UNDECODABLE:
+                    self._stream_errors("undecodable").inc()
+                    self._reject(context, "ReportCacheState")
+                self._apply(msg, "update")
+        except grpc.RpcError:
+            # The client cancelled or the connection broke: the RPC already carries that status.
+            self._stream_errors("cancelled").inc()
+            raise
+        return pb.Ack(accepted=True)
+
+    def publish_event(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request is wire.UNDECODABLE:
+            self._reject(context, "PublishEvent")
+        self._apply(request, "event")
+        return pb.Ack(accepted=True)
+
+    def _apply(self, msg: Any, kind: str) -> None:
+        """Apply one update or event. An exception inside the index (a bug, never bad input the
+        contract allows) skips that message, is counted and logged (rate-limited); the stream
+        goes on, so a producer is not pushed into a resend loop by one poisoned message."""
+        try:
+            if kind == "update":
+                self._backend.apply_update(update_from_message(msg))
+            else:
+                self._backend.apply_event(msg)
+        except Exception:
+            self._ingest_errors(kind).inc()
+            if self._log_due(f"ingest-error-{kind}"):
+                log.exception(
+                    "ingest failed; message skipped",
+                    extra={"kind": kind, "replica_id": getattr(msg, "replica_id", "")},
+                )
+            return
+        self._ingested(kind).inc()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _bad_request(self, method: str, context: grpc.ServicerContext) -> None:
+        """Count an undecodable request and log it (at most once per ``_LOG_EVERY`` s)."""
+        self._undecodable(method).inc()
+        if self._log_due(method):
+            log.warning(
+                "undecodable request",
+                extra={"method": method, "peer": _peer(context), "every_s": _LOG_EVERY},
+            )
+
+    def _log_due(self, key: str) -> bool:
+        now = time.monotonic()
+        if now - self._last_bad_log.get(key, -_LOG_EVERY) < _LOG_EVERY:
+            return False
+        self._last_bad_log[key] = now
+        return True
+
+    def _reject(self, context: grpc.ServicerContext, method: str) -> None:
+        self._bad_request(method, context)
+        try:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: undecodable request")
+        except Exception as e:  # grpcio's abort raises a bare Exception
+            raise _Rejected from e
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """Method name -> handler, for ``method_handlers_generic_handler`` and the registry."""
+        ser = _serialize
+        return {
+            "RenderTemplate": grpc.unary_unary_rpc_method_handler(
+                self.render_template,
+                request_deserializer=_safe_deserializer(pb.RenderTemplateRequest),
+                response_serializer=ser,
+            ),
+            "LookupRoute": grpc.unary_unary_rpc_method_handler(
+                self.lookup_route,
+                request_deserializer=wire.parse_lookup_request,
+                response_serializer=ser,
+            ),
+            "LookupPDRoute": grpc.unary_unary_rpc_method_handler(
+                self.lookup_pd_route,
+                request_deserializer=_safe_deserializer(pb.LookupPDRouteRequest),
+                response_serializer=ser,
+            ),
+            "GetCacheState": grpc.unary_unary_rpc_method_handler(
+                self.get_cache_state,
+                request_deserializer=_safe_deserializer(pb.GetCacheStateRequest),
+                response_serializer=ser,
+            ),
+            "ReportCacheState": grpc.stream_unary_rpc_method_handler(
+                self.report_cache_state,
+                request_deserializer=_safe_deserializer(pb.CacheStateUpdate),
+                response_serializer=ser,
+            ),
+            "PublishEvent": grpc.unary_unary_rpc_method_handler(
+                self.publish_event,
+                request_deserializer=_safe_deserializer(pb.CacheEvent),
+                response_serializer=ser,
+            ),
+            "StreamCacheEvents": grpc.unary_stream_rpc_method_handler(
+                self.stream_cache_events,
+                request_deserializer=_safe_deserializer(pb.StreamEventsRequest),
+                response_serializer=ser,
+            ),
+            "StreamMetrics": grpc.unary_stream_rpc_method_handler(
+                self.stream_metrics,
+                request_deserializer=_safe_deserializer(pb.StreamMetricsRequest),
+                response_serializer=ser,
+            ),
+        }
+
+
+class _Rejected(Exception):
+    """Raised after ``context.abort`` so the handler stops; grpcio keeps the abort status."""
+
+
+def _serialize(msg: Any) -> bytes:
+    return bytes(msg.SerializeToString())

@@ -1,0 +1,150 @@
+"""``inferencecache serve`` settings: one flag per field, each also ``INFERENCECACHE_<FLAG>``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from inferencecache.config import DURATION, HOST_PORT, HostPort, parse_host_port, setting
+
+DEFAULT_GRPC_ADDRESS = HostPort("127.0.0.1", 9090)
+DEFAULT_HTTP_ADDRESS = HostPort("127.0.0.1", 8080)
+
+MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
+"""gRPC receive bound: 1,048,576 token ids as 5-byte varints (5 MiB) or a 16-byte-hash chain of
+~600k blocks still fit; anything larger is refused by gRPC with RESOURCE_EXHAUSTED."""
+
+MAX_SEND_MESSAGE_BYTES = 16 * 1024 * 1024
+"""A LookupRoute echo of 1,048,576 token ids is at most 5 MiB."""
+
+
+class _OptionalHostPort(click.ParamType):  # type: ignore[type-arg]
+    """``host:port``, or empty for "not configured"."""
+
+    name = "host:port"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, HostPort):
+            return value
+        if str(value).strip() == "":
+            return None
+        try:
+            return parse_host_port(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+OPTIONAL_HOST_PORT = _OptionalHostPort()
+
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything ``serve`` reads from flags and the environment (docs/server.md has the table)."""
+
+    grpc_address: HostPort = setting(  # noqa: RUF009 (HostPort is frozen)
+        DEFAULT_GRPC_ADDRESS,
+        param=HOST_PORT,
+        help="gRPC listen address (InferenceCache, health, reflection).",
+    )
+    http_address: HostPort = setting(  # noqa: RUF009
+        DEFAULT_HTTP_ADDRESS,
+        param=HOST_PORT,
+        help="HTTP listen address (/healthz, /readyz, /metrics and, unless --admin-address is "
+        "set, /snapshot, /policy, /probe).",
+    )
+    admin_address: HostPort | None = setting(  # noqa: RUF009
+        None,
+        param=OPTIONAL_HOST_PORT,
+        help="Optional separate listener for the admin paths /snapshot, /policy and /probe.",
+    )
+    admin_token_file: str = setting(
+        "",
+        help="File holding the bearer token the admin paths require. Without it they are "
+        "open, and serve refuses any non-loopback listener.",
+        metavar="PATH",
+    )
+    tokenizer_dir: str = setting(
+        "",
+        help="Directory of <model_id>/tokenizer.json (+ tokenizer_config.json) for "
+        "LookupRoute.prompt_text; unset: no server-side tokenization.",
+        metavar="DIR",
+    )
+    policy_file: str = setting(
+        "", help="Per-tenant policies and quotas (YAML or JSON), read at startup.", metavar="PATH"
+    )
+    block_size: int = setting(
+        16,
+        help="Tokens per fingerprint block (ENGINE_BLOCK_SIZE); must equal the engines', "
+        "subscribers' and gateways'. <= 0 means the default 16.",
+    )
+    default_ttl: float = setting(
+        1800.0, param=DURATION, help="Hold TTL when a tenant policy sets none (<= 0: 30m)."
+    )
+    sweep_interval: float = setting(
+        60.0, param=DURATION, help="How often the TTL sweeper runs (<= 0: 1m)."
+    )
+    max_holds: int = setting(
+        1_000_000,
+        help="Global cap on (key, replica) holds, enforced after each ingest (0 = unbounded).",
+    )
+    pressure_weight: float = setting(
+        1.0, help="PRESSURE_WEIGHT: score factor clamp(1 - w * pressure, 0, 1); 0 turns it off."
+    )
+    slo_tight_ttft_ms: int = setting(
+        200, help="Requests with 0 < slo.ttft_ms < this get the freshness bias (0 = off)."
+    )
+    slo_tight_bias: float = setting(1.0, help="SLO_TIGHT_BIAS for tight-TTFT requests (0 = off).")
+    tenant_hot_min_hit_rate: float = setting(
+        0.1, help="Minimum replica hit_rate for a TENANT_HOT candidate (inclusive)."
+    )
+    tenant_hot_max_age: float = setting(
+        300.0, param=DURATION, help="Maximum stats age for TENANT_HOT (0 disables TENANT_HOT)."
+    )
+    grpc_workers: int = setting(
+        256,
+        help="gRPC worker threads. Each open ReportCacheState stream holds one for its "
+        "lifetime, so keep this above the number of subscribers plus lookup concurrency.",
+    )
+    shutdown_grace: float = setting(
+        10.0,
+        param=DURATION,
+        help="On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are cancelled.",
+    )
+    log_level: str = setting(
+        "info", param=click.Choice(LOG_LEVELS, case_sensitive=False), help="Log level."
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_holds < 0:
+            raise ValueError(f"--max-holds must be >= 0 (0 = unbounded), got {self.max_holds}")
+        if self.grpc_workers < 1:
+            raise ValueError(f"--grpc-workers must be >= 1, got {self.grpc_workers}")
+        if self.shutdown_grace < 0:
+            raise ValueError("--shutdown-grace must be >= 0")
+        if self.tenant_hot_max_age < 0:
+            raise ValueError("--tenant-hot-max-age must be >= 0 (0 disables TENANT_HOT)")
+        for name in ("pressure_weight", "slo_tight_bias", "tenant_hot_min_hit_rate"):
+            value = getattr(self, name)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number")
+
+    @property
+    def effective_block_size(self) -> int:
+        return self.block_size if self.block_size > 0 else 16
+
+    @property
+    def listeners(self) -> list[tuple[str, HostPort]]:
+        """(flag, address) of every listener that will be opened."""
+        out = [("--grpc-address", self.grpc_address), ("--http-address", self.http_address)]
+        if self.admin_address is not None:
+            out.append(("--admin-address", self.admin_address))
+        return out
+
+    @property
+    def python_log_level(self) -> str:
+        level = self.log_level.upper()
+        return "WARNING" if level == "WARN" else level

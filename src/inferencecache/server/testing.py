@@ -1,0 +1,98 @@
+"""An in-process server on loopback with OS-chosen ports, for tests of any part.
+
+``with running_server() as srv:`` gives a real gRPC server and real HTTP listeners on
+127.0.0.1 (ports picked by the OS), backed by a real ``Index``; ``srv.stub()`` is a generated
+client stub on a fresh channel. Everything is stopped on exit, also when the test fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import grpc
+
+from inferencecache.config import HostPort
+from inferencecache.index.clock import Clock
+from inferencecache.index.policy import IndexConfig
+from inferencecache.index.route import PromptTokenizer
+from inferencecache.index.settings import IndexSettings
+from inferencecache.server.app import Listeners, Server
+from inferencecache.server.auth import BearerAuth
+from inferencecache.server.backend import IndexBackend
+from inferencecache.server.metrics import ServerMetrics
+from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class RunningServer:
+    server: Server
+    backend: IndexBackend
+    metrics: ServerMetrics
+    channels: list[grpc.Channel] = field(default_factory=list)
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{LOOPBACK}:{self.server.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.server.http_port}"
+
+    @property
+    def admin_url(self) -> str:
+        port = self.server.admin_port or self.server.http_port
+        return f"http://{LOOPBACK}:{port}"
+
+    def channel(self) -> grpc.Channel:
+        ch = grpc.insecure_channel(self.grpc_target)
+        self.channels.append(ch)
+        return ch
+
+    def stub(self) -> pb_grpc.InferenceCacheStub:
+        return pb_grpc.InferenceCacheStub(self.channel())  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def running_server(
+    *,
+    settings: IndexSettings | None = None,
+    clock: Clock | None = None,
+    tokenizer: PromptTokenizer | None = None,
+    config: IndexConfig | None = None,
+    admin_token: str | None = None,
+    separate_admin: bool = False,
+    start_sweeper: bool = True,
+    sweep_interval: float | None = None,
+    grpc_workers: int = 32,
+) -> Iterator[RunningServer]:
+    metrics = ServerMetrics()
+    backend = IndexBackend(
+        settings or IndexSettings(), metrics, clock=clock, tokenizer=tokenizer, config=config
+    )
+    listeners = Listeners(
+        grpc=HostPort(LOOPBACK, 0),
+        http=HostPort(LOOPBACK, 0),
+        admin=HostPort(LOOPBACK, 0) if separate_admin else None,
+    )
+    server = Server(
+        backend,
+        listeners,
+        auth=BearerAuth(admin_token),
+        metrics=metrics,
+        sweep_interval=(
+            sweep_interval if sweep_interval is not None else backend.index.settings.sweep_interval
+        ),
+        grpc_workers=grpc_workers,
+    )
+    running = RunningServer(server, backend, metrics)
+    try:
+        server.start(start_sweeper=start_sweeper)
+        yield running
+    finally:
+        for ch in running.channels:
+            ch.close()
+        server.stop(0)

@@ -1,0 +1,131 @@
+"""An independent client: its own copy of the ``.proto``, compiled under another import root into
+a throwaway package, drives all 8 RPCs of the real server from a separate process
+(contract §10 items 2-5; issue "Done when": any v1alpha1 client works unchanged).
+
+The copy registers a different file name (``thirdparty/ic_contract.proto``) with the same package,
+so it cannot share a process with our generated stubs; the client runs in a subprocess that never
+imports ``inferencecache``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferencecache.server.testing import RunningServer, running_server
+from tests.server.helpers import CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTO = ROOT / "proto" / "inferencecache" / "v1alpha1" / "inferencecache.proto"
+
+CLIENT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+assert "inferencecache" not in sys.modules
+import grpc
+from thirdparty import ic_contract_pb2 as pb, ic_contract_pb2_grpc as pb_grpc
+assert pb.DESCRIPTOR.name == "thirdparty/ic_contract.proto"
+out = {}
+with grpc.insecure_channel(sys.argv[1]) as ch:
+    stub = pb_grpc.InferenceCacheStub(ch)
+    ack = stub.ReportCacheState(iter([]), timeout=10)
+    out["ReportCacheState_empty"] = [ack.accepted, ack.reason_code]
+    upd = pb.CacheStateUpdate(
+        replica_id="r1", model_id="m", tenant_id="t", hash_scheme="vllm",
+        prefixes=[pb.PrefixEntry(prefix_hash=b"p" * 8, token_count=128, tier=pb.CACHE_TIER_T2)],
+        stats=pb.ReplicaStats(hit_rate=0.5),
+    )
+    ack = stub.ReportCacheState(iter([upd]), timeout=10)
+    out["ReportCacheState"] = [ack.accepted, ack.reason_code]
+    r = stub.LookupRoute(pb.LookupRouteRequest(
+        model_id="m", tenant_id="t", hash_scheme="vllm", prefix_hash=b"p" * 8), timeout=10)
+    out["LookupRoute"] = [r.reason_code, [(s.replica_id, s.matched_tokens, s.tier)
+                                          for s in r.replica_scores]]
+    g = stub.GetCacheState(pb.GetCacheStateRequest(model_id="m", tenant_id="t"), timeout=10)
+    out["GetCacheState"] = [[x.replica_id for x in g.replicas], g.summary.total_prefixes]
+    ev = stub.PublishEvent(pb.CacheEvent(
+        type=pb.CacheEvent.PREFIX_EVICTED, replica_id="r1", model_id="m", tenant_id="t",
+        prefix_hash=b"p" * 8), timeout=10)
+    out["PublishEvent"] = [ev.accepted, ev.reason_code]
+    r = stub.LookupRoute(pb.LookupRouteRequest(
+        model_id="m", tenant_id="t", hash_scheme="vllm", prefix_hash=b"p" * 8), timeout=10)
+    out["LookupRoute_after_evict"] = r.reason_code
+    rt = stub.RenderTemplate(pb.RenderTemplateRequest(template_ref="x"), timeout=10)
+    out["RenderTemplate"] = [rt.reason_code, rt.ByteSize() == len(b"\x22\x02OK")]
+    pd = stub.LookupPDRoute(pb.LookupPDRouteRequest(model_id="m"), timeout=10)
+    out["LookupPDRoute"] = [pd.reason_code, pd.prefill_replica_id, pd.decode_replica_id,
+                            pd.transport_hint]
+    ev_stream = stub.StreamCacheEvents(pb.StreamEventsRequest(model_id="m"), timeout=10)
+    out["StreamCacheEvents"] = [len(list(ev_stream)), ev_stream.code().name]
+    m_stream = stub.StreamMetrics(pb.StreamMetricsRequest(), timeout=10)
+    out["StreamMetrics"] = [len(list(m_stream)), m_stream.code().name]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Compile a private copy of the contract into ``<tmp>/gen/thirdparty``."""
+    tmp = tmp_path_factory.mktemp("independent")
+    src = tmp / "protos" / "thirdparty"
+    src.mkdir(parents=True)
+    shutil.copyfile(PROTO, src / "ic_contract.proto")
+    gen = tmp / "gen"
+    gen.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{tmp / 'protos'}",
+            f"--python_out={gen}",
+            f"--grpc_python_out={gen}",
+            str(src / "ic_contract.proto"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (gen / "thirdparty" / "ic_contract_pb2_grpc.py").exists()
+    return gen
+
+
+@pytest.fixture
+def srv() -> Iterator[RunningServer]:
+    with running_server(config=CONFIG) as s:
+        yield s
+
+
+def test_c10_02_to_05_independent_client_calls_every_rpc(
+    generated: Path, srv: RunningServer
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, srv.grpc_target, str(generated)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=generated,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {
+        "ReportCacheState_empty": [True, ""],
+        "ReportCacheState": [True, ""],
+        "LookupRoute": ["PREFIX_MATCH", [["r1", 128, 2]]],
+        "GetCacheState": [["r1"], 1],
+        "PublishEvent": [True, ""],
+        "LookupRoute_after_evict": "NO_HINT",
+        "RenderTemplate": ["OK", True],
+        "LookupPDRoute": ["NO_HINT", "", "", ""],
+        "StreamCacheEvents": [0, "OK"],
+        "StreamMetrics": [0, "OK"],
+    }

@@ -1,0 +1,239 @@
+"""``inferencecache serve`` as a process: flags, env vars, exit codes, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
+from tests.server.helpers import chain_entry, lookup_chain, tokens, update, wait_for
+from tests.server.proc import ServeProcess, port_of, run_cli
+
+LOCAL = ["--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            p.stop()
+
+
+def start(
+    procs: list[ServeProcess], args: list[str], env: dict[str, str] | None = None
+) -> ServeProcess:
+    p = ServeProcess(args, env)
+    procs.append(p)
+    return p
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_serve_sigterm_graceful_shutdown(procs: list[ServeProcess], tmp_path: Path) -> None:
+    """SIGTERM: health turns NOT_SERVING, an in-flight stream still gets its Ack, exit 0."""
+    p = start(procs, [*LOCAL, "--shutdown-grace", "30s"])
+    rec = p.wait_serving()
+    target = f"127.0.0.1:{port_of(rec['grpc_address'])}"
+    http = f"http://127.0.0.1:{port_of(rec['http_address'])}"
+    assert urllib.request.urlopen(http + "/healthz", timeout=10).read() == b"ok\n"
+    with grpc.insecure_channel(target) as ch:
+        stub = pb_grpc.InferenceCacheStub(ch)  # type: ignore[no-untyped-call]
+        health = health_pb2_grpc.HealthStub(ch)  # type: ignore[no-untyped-call]
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+
+        q: queue.Queue[pb.CacheStateUpdate | None] = queue.Queue()
+
+        def feed() -> Iterator[pb.CacheStateUpdate]:
+            while (item := q.get()) is not None:
+                yield item
+
+        fut = stub.ReportCacheState.future(feed(), timeout=60)
+        try:
+            q.put(update("r1", [chain_entry(tokens(32))]))
+            wait_for(
+                lambda: (
+                    stub.LookupRoute(lookup_chain(tokens(32)), timeout=10).reason_code
+                    != "UNKNOWN_TENANT"
+                )
+            )
+            p.signal(signal.SIGTERM)
+            p.wait_log(lambda r: r.get("msg") == "shutting down")
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
+        finally:
+            q.put(None)
+        assert fut.result(timeout=30) == pb.Ack(accepted=True)
+    assert p.wait(30) == 0
+    p.wait_log(lambda r: r.get("msg") == "stopped")
+
+
+def test_serve_env_vars_configure_every_flag(procs: list[ServeProcess], tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    env = {
+        "INFERENCECACHE_GRPC_ADDRESS": "127.0.0.1:0",
+        "INFERENCECACHE_HTTP_ADDRESS": "127.0.0.1:0",
+        "INFERENCECACHE_ADMIN_ADDRESS": "127.0.0.1:0",
+        "INFERENCECACHE_ADMIN_TOKEN_FILE": str(token),
+        "INFERENCECACHE_BLOCK_SIZE": "32",
+        "INFERENCECACHE_LOG_LEVEL": "debug",
+    }
+    p = start(procs, [], env)
+    rec = p.wait_serving()
+    assert rec["block_size"] == 32
+    assert rec["admin_auth"] is True
+    admin = f"http://127.0.0.1:{port_of(rec['admin_address'])}"
+    req = urllib.request.Request(admin + "/snapshot", headers={"Authorization": "Bearer tok"})
+    assert json.loads(urllib.request.urlopen(req, timeout=10).read())["totalPrefixes"] == 0
+    p.signal(signal.SIGINT)
+    assert p.wait(30) == 0
+
+
+def test_serve_flag_wins_over_env(procs: list[ServeProcess]) -> None:
+    p = start(procs, [*LOCAL, "--block-size", "64"], {"INFERENCECACHE_BLOCK_SIZE": "32"})
+    assert p.wait_serving()["block_size"] == 64
+
+
+def test_serve_policy_file_is_loaded(procs: list[ServeProcess], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "policies:\n  - tenant_id: t\n    minimum_matched_tokens: 0\n"
+        "tenants:\n  - tenant_id: t\n    max_index_entries: 10\n"
+    )
+    p = start(procs, [*LOCAL, "--policy-file", str(policy)])
+    rec = p.wait_serving()
+    assert (rec["policies"], rec["quotas"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--http-address", "0.0.0.0:0"], "--http-address 0.0.0.0:0"),
+        (["--grpc-address", ":0"], "--grpc-address :0"),
+        (["--admin-address", "0.0.0.0:0"], "--admin-address 0.0.0.0:0"),
+    ],
+)
+def test_bad_input_non_loopback_without_token_exits_2(args: list[str], needle: str) -> None:
+    base = {"--grpc-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    flat = [x for kv in base.items() for x in kv]
+    res = run_cli(["serve", *flat])
+    assert res.returncode == 2
+    line = one_error_line(res.stderr)
+    assert needle in line and "--admin-token-file" in line
+
+
+def test_non_loopback_with_token_starts(procs: list[ServeProcess], tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc")
+    p = start(
+        procs,
+        [
+            "--grpc-address",
+            "127.0.0.1:0",
+            "--http-address",
+            "0.0.0.0:0",
+            "--admin-token-file",
+            str(token),
+        ],
+    )
+    rec = p.wait_serving()
+    port = port_of(rec["http_address"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+        assert r.status == 200
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshot", timeout=10)
+        raise AssertionError("expected 401")
+    except urllib.error.HTTPError as e:
+        assert e.code == 401
+
+
+def test_bad_input_policy_file_names_the_field(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "policies:\n  - tenant_id: a\n  - tenant_id: b\n    routing_floor_score: -1\n"
+    )
+    res = run_cli(["serve", *LOCAL, "--policy-file", str(policy)])
+    assert res.returncode == 2
+    assert "policies[1].routing_floor_score" in one_error_line(res.stderr)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--policy-file", "/nonexistent/p.yaml"], "/nonexistent/p.yaml"),
+        (["--admin-token-file", "/nonexistent/token"], "/nonexistent/token"),
+        (["--tokenizer-dir", "/nonexistent/tok"], "/nonexistent/tok"),
+        (["--grpc-address", "localhost"], "--grpc-address"),
+        (["--http-address", "127.0.0.1:99999"], "--http-address"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--default-ttl", "10"], "--default-ttl"),
+        (["--max-holds", "-1"], "--max-holds"),
+        (["--log-level", "loud"], "--log-level"),
+    ],
+)
+def test_bad_input_startup_errors_exit_2_with_one_line(extra: list[str], needle: str) -> None:
+    res = run_cli(["serve", *LOCAL, *extra])
+    assert res.returncode == 2, res.stderr
+    assert needle in one_error_line(res.stderr)
+
+
+def test_bad_input_empty_token_file(tmp_path: Path) -> None:
+    token = tmp_path / "empty"
+    token.write_text("\n")
+    res = run_cli(["serve", *LOCAL, "--admin-token-file", str(token)])
+    assert res.returncode == 2
+    assert "empty" in one_error_line(res.stderr)
+
+
+def test_bad_input_port_in_use_exits_2() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        for flag in ("--http-address", "--grpc-address"):
+            args = {"--grpc-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0"}
+            args[flag] = f"127.0.0.1:{port}"
+            res = run_cli(["serve", *[x for kv in args.items() for x in kv]])
+            assert res.returncode == 2, res.stderr
+            line = one_error_line(res.stderr)
+            assert flag in line and str(port) in line
+
+
+def test_bad_tokenizer_dir_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "tokenizer.json").write_text("{broken")
+    res = run_cli(["serve", *LOCAL, "--tokenizer-dir", str(tmp_path)])
+    assert res.returncode == 2
+    assert "m/tokenizer.json" in one_error_line(res.stderr)
+
+
+def test_serve_help_lists_env_names() -> None:
+    res = run_cli(["serve", "--help"])
+    assert res.returncode == 0
+    for env in (
+        "INFERENCECACHE_GRPC_ADDRESS",
+        "INFERENCECACHE_ADMIN_TOKEN_FILE",
+        "INFERENCECACHE_TENANT_HOT_MAX_AGE",
+        "INFERENCECACHE_BLOCK_SIZE",
+    ):
+        assert env in res.stdout
