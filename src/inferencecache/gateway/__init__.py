@@ -1,0 +1,1 @@
+"""The reference OpenAI-compatible gateway: routes each request on LookupRoute's hint."""

@@ -1,0 +1,124 @@
+"""The LookupRoute client: one ``grpc.aio`` channel, a short deadline, and never an exception.
+
+Every outcome becomes a ``routing.Hint``: the server's reason code and ranked replicas, or a
+gateway-side code (``HINT_TIMEOUT`` when our deadline passed, ``HINT_ERROR`` for any other
+failure), so the policy falls back and the request goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from inferencecache import fingerprint
+from inferencecache.routing import reasons
+from inferencecache.routing.model import Hint
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
+
+log = logging.getLogger("inferencecache.gateway")
+
+CHANNEL_OPTIONS: Final[list[tuple[str, Any]]] = [
+    # A restarted server is seen again within a second.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.client_idle_timeout_ms", 2**31 - 1),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+]
+ERROR_LOG_INTERVAL: Final = 10.0
+
+
+class HintClient:
+    """Asks LookupRoute with the gateway's own fingerprint chain."""
+
+    def __init__(self, target: str, timeout: float, hash_scheme: str, block_size: int) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.hash_scheme = hash_scheme
+        self.block_size = block_size
+        self._channel: grpc.aio.Channel | None = None
+        self._call: Any = None
+        self._last_error_log = 0.0
+
+    async def start(self, connect_wait: float = 1.0) -> bool:
+        """Open the channel and wait up to ``connect_wait`` for it to connect or fail.
+
+        Returns True when connected. A refused connection returns at once (the first requests
+        then fall back while the channel keeps retrying in the background).
+        """
+        self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        stub = pb_grpc.InferenceCacheStub(self._channel)  # type: ignore[no-untyped-call]
+        self._call = stub.LookupRoute
+        deadline = time.monotonic() + connect_wait
+        channel = self._channel
+        while True:
+            state = channel.get_state(try_to_connect=True)
+            if state == grpc.ChannelConnectivity.READY:
+                return True
+            if state in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            ):
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    await channel.wait_for_state_change(state)
+            except TimeoutError:
+                return False
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+            self._channel = None
+
+    async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
+        """One LookupRoute; ``latency_s`` is the round trip as this process saw it."""
+        n = len(chain) // fingerprint.HASH_BYTES
+        req = pb.LookupRouteRequest(
+            model_id=model,
+            tenant_id=tenant,
+            hash_scheme=self.hash_scheme,
+            adapter_id=adapter,
+            block_hashes=fingerprint.split_packed(chain),
+            block_token_counts=[self.block_size] * n,
+        )
+        t0 = time.perf_counter()
+        try:
+            resp = await self._call(req, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            elapsed = time.perf_counter() - t0
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return Hint(reasons.HINT_TIMEOUT, latency_s=elapsed)
+            self._log_error(f"{e.code().name}: {e.details()}")
+            return Hint(reasons.HINT_ERROR, latency_s=elapsed)
+        except Exception as e:  # never fail a request because of the hint plane
+            elapsed = time.perf_counter() - t0
+            self._log_error(f"{type(e).__name__}: {e}")
+            return Hint(reasons.HINT_ERROR, latency_s=elapsed)
+        elapsed = time.perf_counter() - t0
+        scores = resp.replica_scores
+        return Hint(
+            resp.reason_code,
+            tuple(s.replica_id for s in scores),
+            elapsed,
+            tuple(s.matched_tokens for s in scores),
+        )
+
+    def _log_error(self, err: str) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL:
+            self._last_error_log = now
+            log.warning(
+                "LookupRoute failed; routing without a hint (logged at most every 10s)",
+                extra={"server": self.target, "err": err},
+            )

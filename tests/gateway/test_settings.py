@@ -1,0 +1,56 @@
+"""Flag parsing of ``gateway`` (pure; the process-level checks are in test_command.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferencecache.gateway.settings import GatewaySettings, parse_adapters, parse_engines
+
+
+def test_parse_engines_keeps_order_ids_and_normalises_urls():
+    specs = parse_engines(" r0=http://127.0.0.1:8001/ , r1=https://[::1]:8443/prefix/ ,")
+    assert [(s.replica_id, s.url) for s in specs] == [
+        ("r0", "http://127.0.0.1:8001"),
+        ("r1", "https://[::1]:8443/prefix"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "no engines given"),
+        ("r0", "is not replica_id=http://host:port"),
+        ("=http://a:1", "is not replica_id"),
+        ("r0=a:1", "want an http:// or https:// URL"),
+        ("r0=http://a:99999", "is not a URL with a port"),
+        ("r0=http://a:1?x=1", "must not carry"),
+        ("r0=http://u:p@a:1", "must not carry"),
+        ("r0=http://a:1,r0=http://b:1", "duplicate replica id"),
+    ],
+)
+def test_parse_engines_errors(text, needle):
+    with pytest.raises(ValueError, match=needle):
+        parse_engines(text)
+
+
+def test_parse_adapters():
+    assert parse_adapters("sql-lora=tiny, chat=tiny,") == {"sql-lora": "tiny", "chat": "tiny"}
+    for bad in ("x", "x=", "=y", "a=b,a=c"):
+        with pytest.raises(ValueError):
+            parse_adapters(bad)
+
+
+def test_settings_defaults_match_the_documented_ones():
+    s = GatewaySettings(engines="r0=http://127.0.0.1:8000")
+    assert str(s.http_address) == "127.0.0.1:8090"
+    assert str(s.server) == "127.0.0.1:9090"
+    assert s.lookup_timeout == 0.05
+    assert (s.routing_policy, s.tenant_header, s.tenant_id) == (
+        "cache_aware", "X-Tenant-Id", "default",
+    )
+    assert (s.hash_scheme, s.block_size) == ("vllm", 16)
+    assert s.policy_params == {}
+    p = GatewaySettings(
+        engines="r0=http://x:1", routing_policy="approximate", routing_params="capacity_blocks=9"
+    )
+    assert p.policy_params == {"capacity_blocks": 9}
