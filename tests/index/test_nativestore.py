@@ -80,6 +80,13 @@ def test_results_are_the_protocol_namedtuples() -> None:
 
 
 def test_nativestore_module_exposes_the_type() -> None:
+    if os.environ.get("INFERENCECACHE_PURE_PYTHON", "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+    ):
+        pytest.skip("nativestore is disabled by INFERENCECACHE_PURE_PYTHON (tested below)")
     from inferencecache.index import nativestore
 
     assert nativestore.NativeStore is nativestore.BlockMap
@@ -557,3 +564,173 @@ def test_no_leak_under_churn() -> None:
     assert after - before < 256 * 1024, (before, after)
     m.sweep(10**9)
     assert m.hold_count() == 0 and m.capacity() == 8
+
+
+def test_overflow_arena_and_side_table_compact_after_removals() -> None:
+    m, ref = both()
+    keys = [k8(i) for i in range(5000)]
+    longs = [b"long-key-%d" % i for i in range(400)]
+    for r in range(5):
+        for s in (m, ref):
+            s.upsert_many(keys, list(range(5000)), r, 100 + r, 1)
+            s.upsert_many(longs, [1] * 400, r, 100 + r, 1)
+    m.check_invariants()
+    full = m.memory_bytes()
+    # replicas 1..4 live in the overflow arena (replica 0 stored first, inline)
+    for r in (3, 1, 4):
+        assert m.remove_replica(r) == ref.remove_replica(r)
+        m.check_invariants()
+    same(m, ref)
+    assert m.memory_bytes() < full - 5000 * 32  # the arena gave memory back
+    mid = m.memory_bytes()
+    # inline holders go: the remaining overflow holder is promoted into the slot
+    assert m.remove_replica(0) == ref.remove_replica(0)
+    m.check_invariants()
+    same(m, ref)
+    assert m.memory_bytes() < mid
+    for key in longs[:390]:
+        assert m.remove_key(key) == ref.remove_key(key)
+    m.check_invariants()
+    same(m, ref)
+    assert sorted(m.walk(keys[:300], [1] * 300, 0)) == sorted(ref.walk(keys[:300], [1] * 300, 0))
+
+
+def test_reentrant_calls_are_refused_not_corrupting() -> None:
+    """A call made while another is running (here from a gc callback triggered by the result
+    allocations of cap_candidates) raises RuntimeError instead of moving slots under it."""
+    m = new()
+    for i in range(3000):
+        m.upsert(k8(i), i % 3, 1, i, 1)
+    seen: list[BaseException] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and len(seen) < 5:
+            try:
+                m.upsert(k8(10**9 + len(seen)), 1, 1, 1, 1)
+            except RuntimeError as e:
+                seen.append(e)
+
+    old = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(5)
+    try:
+        got = m.cap_candidates(2500, False)
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(callback)
+    assert len(got) == 2500
+    assert seen and all("re-entrantly" in str(e) for e in seen)
+    assert m.hold_count() == 3000
+    m.check_invariants()
+    m.upsert(k8(10**9), 1, 1, 1, 1)  # usable again afterwards
+    assert m.hold_count() == 3001
+
+
+def test_upsert_many_accepts_packed_keys() -> None:
+    """An extension over the Protocol (which passes a list): packed 8-byte keys, any buffer."""
+    from array import array
+
+    m, ref = both()
+    keys = [k8(i * 31) for i in range(100)]
+    assert m.upsert_many(b"".join(keys), list(range(100)), 4, 50, 2) == (100, 100)
+    ref.upsert_many(keys, list(range(100)), 4, 50, 2)
+    same(m, ref)
+    as_array = array("Q", [int.from_bytes(k, sys.byteorder) for k in keys])
+    assert m.upsert_many(as_array, [7] * 100, 5, 60, 1) == (0, 100)
+    assert sorted(m.walk(memoryview(as_array), [1] * 100, 0)) == [
+        Run(4, 100, 50, 2, 100),
+        Run(5, 100, 60, 1, 100),
+    ]
+
+
+def test_candidate_cache_follows_value_changes() -> None:
+    """cap_candidates keeps candidates between calls; holds whose value moved (refresh to
+    another time, LFU credit, new holds with old timestamps) must still come out in order."""
+    m, ref = both()
+    m._tune_candidates(6, 1)  # keep max(k, 6) candidates
+    h = [k8(0xC0 + i) for i in range(20)]
+    for i, key in enumerate(h):
+        for s in (m, ref):
+            s.upsert(key, 1, 1, i + 1, 1)  # last_seen 1..20
+    assert sorted(m.cap_candidates(4, False)) == sorted(ref.cap_candidates(4, False))
+    for s in (m, ref):
+        s.upsert(h[0], 1, 1, 5, 1)  # refresh: 1 -> 5, still inside the kept six
+        s.remove_hold(h[1], 1)
+        s.remove_hold(h[2], 1)
+    got = sorted(m.cap_candidates(2, False))
+    assert got == sorted(ref.cap_candidates(2, False))
+    assert [c[1] for c in got] == [4, 5, 5]  # h3, then h0 and h4 tied at 5
+    for s in (m, ref):
+        s.upsert(k8(0xFF), 2, 1, 0, 1)  # a new hold older than everything
+    assert sorted(m.cap_candidates(1, False)) == sorted(ref.cap_candidates(1, False))
+    # LFU: credits raise counts of kept candidates
+    assert sorted(m.cap_candidates(3, True)) == sorted(ref.cap_candidates(3, True))
+    for s in (m, ref):
+        s.credit([k8(0xFF), h[3]], 2, 1)
+        s.credit([k8(0xFF)], 1, 2)
+    for k in (1, 2, 3, 5):
+        assert sorted(m.cap_candidates(k, True)) == sorted(ref.cap_candidates(k, True))
+        assert sorted(m.cap_candidates(k, False)) == sorted(ref.cap_candidates(k, False))
+    assert m.memory_bytes() > 0
+
+
+def test_candidate_cache_follows_lfu_credits_below_its_threshold() -> None:
+    m, ref = both()
+    m._tune_candidates(6, 1)
+    h = [k8(0xD0 + i) for i in range(10)]
+    for i, key in enumerate(h):
+        for s in (m, ref):
+            s.upsert(key, 1, 1, i + 1, 1)
+    for s in (m, ref):
+        for _ in range(5):
+            s.credit(h[3:], 7, 1)  # h3..h9 at access 5, h0..h2 at 0
+    first = sorted(m.cap_candidates(2, True))
+    assert first == sorted(ref.cap_candidates(2, True))
+    assert [c[3] for c in first] == [1, 1]
+    for s in (m, ref):
+        s.credit([h[0]], 1, 1)  # a kept candidate moves to access 1: still below the kept edge
+    got = sorted(m.cap_candidates(3, True))
+    assert got == sorted(ref.cap_candidates(3, True))
+    assert got == [(0, 2, h[1], 1), (0, 3, h[2], 1), (1, 1, h[0], 1)]
+
+
+def test_candidate_cache_releases_key_references() -> None:
+    m = new()
+    m._tune_candidates(2, 1)
+    key = bytes(range(50)) + b"cached-candidate"
+    before = sys.getrefcount(key)
+    m.upsert(key, 1, 1, 1, 1)
+    for i in range(10):
+        m.upsert(k8(i), 1, 1, 100 + i, 1)
+    assert m.cap_candidates(1, False) == [(0, 1, key, 1)]
+    assert sys.getrefcount(key) >= before + 2  # the side table and the kept candidate
+    m.remove_hold(key, 1)
+    assert m.cap_candidates(1, False) == [(0, 100, k8(0), 1)]  # the stale candidate is dropped
+    assert sys.getrefcount(key) == before
+    m.upsert(key, 1, 1, 1, 1)
+    m.cap_candidates(2, True)
+    del m
+    gc.collect()
+    assert sys.getrefcount(key) == before
+
+
+def test_quota_candidate_cache_follows_removals_and_old_timestamps() -> None:
+    m, ref = both()
+    m._tune_candidates(2, 1)  # keep max(k, 2) keys between calls
+    h = [k8(0xE0 + i) for i in range(10)]
+    for s in (m, ref):
+        s.upsert(h[8], 3, 1, 2, 1)  # h8: an old inline hold, then a new overflow hold
+        for i, key in enumerate(h):
+            s.upsert(key, 1, 1, 10 + i, 1)
+        s.upsert(h[9], 2, 1, 1, 1)  # h9: new inline hold, old overflow hold
+    assert sorted(m.quota_candidates(2)) == sorted(ref.quota_candidates(2))  # h0, h1 kept
+    for s in (m, ref):
+        s.remove_hold(h[9], 1)  # inline removed: h9's newest drops to 1
+    assert sorted(m.quota_candidates(1)) == sorted(ref.quota_candidates(1)) == [(1, h[9])]
+    for s in (m, ref):
+        s.remove_hold(h[8], 1)  # overflow removed: h8's newest drops to 2
+        s.upsert(k8(0xEE), 4, 1, 0, 1)  # a new key older than everything
+        s.upsert(h[5], 1, 1, 3, 1)  # a refresh to an earlier time
+    for k in (1, 2, 3, 4):
+        assert sorted(m.quota_candidates(k)) == sorted(ref.quota_candidates(k))
+    assert [c[0] for c in sorted(m.quota_candidates(4))] == [0, 1, 2, 3]

@@ -56,9 +56,11 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize(
         chains=st.lists(
             st.tuples(st.lists(KEY, min_size=1, max_size=30), REPLICA, TIME, TIER), max_size=4
-        )
+        ),
+        tune=st.sampled_from([(1, 1), (2, 2), (16384, 16)]),
     )
-    def seed(self, chains: list[tuple[list[bytes], int, int, int]]) -> None:
+    def seed(self, chains: list[tuple[list[bytes], int, int, int]], tune: tuple[int, int]) -> None:
+        self.native._tune_candidates(*tune)  # small caches exercise the threshold paths
         for keys, replica, ts, tier in chains:
             tokens = list(range(1, len(keys) + 1))
             a = self.native.upsert_many(keys, tokens, replica, ts, tier)
@@ -225,3 +227,92 @@ BulkMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestBulkMachine = BulkMachine.TestCase
+
+
+class EvictionMachine(RuleBasedStateMachine):
+    """The index's global-cap and quota loops on one partition: ask for the k smallest holds
+    (or keys), evict them in full order, keep ingesting (sometimes with old timestamps),
+    crediting and removing. Exercises the candidate caches the compiled store keeps between
+    cap_candidates / quota_candidates calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert BLOCKMAP is not None
+        self.native: Any = BLOCKMAP.BlockMap()
+        self.ref = MemStore()
+        self.now = 100
+
+    @initialize(tune=st.sampled_from([(1, 1), (3, 2), (8, 4), (16384, 16)]), n=st.integers(1, 300))
+    def seed(self, tune: tuple[int, int], n: int) -> None:
+        self.native._tune_candidates(*tune)
+        keys = [struct.pack("<Q", i) for i in range(n)] + [b"x" * (i % 12) for i in range(10)]
+        for r in range(3):
+            toks = list(range(len(keys)))
+            self.native.upsert_many(keys[r::2], toks, r, self.now + r, 1)
+            self.ref.upsert_many(keys[r::2], toks, r, self.now + r, 1)
+
+    @rule(
+        start=st.integers(0, 400),
+        n=st.integers(1, 60),
+        replica=st.integers(0, 4),
+        back=st.one_of(st.just(0), st.integers(0, 150)),
+    )
+    def ingest(self, start: int, n: int, replica: int, back: int) -> None:
+        self.now += 1
+        ts = self.now - back  # an old timestamp now and then (producers' clocks are verbatim)
+        keys = [struct.pack("<Q", start + i) for i in range(n)]
+        toks = [1] * n
+        assert self.native.upsert_many(keys, toks, replica, ts, 1) == self.ref.upsert_many(
+            keys, toks, replica, ts, 1
+        )
+
+    @rule(start=st.integers(0, 400), n=st.integers(1, 40), replica=st.integers(0, 4))
+    def credit(self, start: int, n: int, replica: int) -> None:
+        keys = [struct.pack("<Q", start + i) for i in range(n)]
+        self.native.credit(keys, n, replica)
+        self.ref.credit(keys, n, replica)
+
+    @rule(key=st.integers(0, 400), replica=st.integers(0, 4))
+    def remove(self, key: int, replica: int) -> None:
+        k = struct.pack("<Q", key)
+        assert self.native.remove_hold(k, replica) == self.ref.remove_hold(k, replica)
+
+    @rule(k=st.integers(1, 50), lfu=st.booleans(), evict=st.booleans())
+    def cap(self, k: int, lfu: bool, evict: bool) -> None:
+        got = sorted(self.native.cap_candidates(k, lfu))
+        assert got == sorted(self.ref.cap_candidates(k, lfu))
+        if evict:
+            for _, _, key, replica in got[:k]:
+                assert self.native.remove_hold(key, replica) == self.ref.remove_hold(key, replica)
+
+    @rule(k=st.integers(1, 50), evict=st.booleans())
+    def quota(self, k: int, evict: bool) -> None:
+        got = sorted(self.native.quota_candidates(k))
+        assert got == sorted(self.ref.quota_candidates(k))
+        if evict:
+            for _, key in got[:k]:
+                assert sorted(self.native.remove_key(key)) == sorted(self.ref.remove_key(key))
+
+    @rule(replica=st.integers(0, 4), sweep=st.booleans(), t=st.integers(0, 150))
+    def mass_removal(self, replica: int, sweep: bool, t: int) -> None:
+        if sweep:
+            assert self.native.sweep(t) == self.ref.sweep(t)
+        else:
+            assert self.native.remove_replica(replica) == self.ref.remove_replica(replica)
+
+    @invariant()
+    def same_holds(self) -> None:
+        assert self.native.hold_count() == self.ref.hold_count()
+        self.native.check_invariants()
+
+    def teardown(self) -> None:
+        assert sorted(self.native.holds()) == sorted(self.ref.holds())
+
+
+EvictionMachine.TestCase.settings = settings(
+    max_examples=120,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestEvictionMachine = EvictionMachine.TestCase

@@ -4,18 +4,23 @@
  * One BlockMap per partition: key bytes -> replica -> (tokens, last_seen, tier, access).
  * Design, slot layout and memory figures: docs/index-store.md. In short:
  *
- * - An open-addressing table of 40-byte slots, power-of-two capacity, linear probing,
- *   backward-shift deletion (no tombstones), load <= 3/4, doubling growth, halving shrink when
- *   the load falls under 1/8. The probe position is splitmix64(key) so sequential or
- *   structured 8-byte keys spread evenly.
+ * - An open-addressing table of 32-byte slots (64-byte aligned: one cache line per probe),
+ *   power-of-two capacity, linear probing, backward-shift deletion (no tombstones),
+ *   load <= 3/4, doubling growth, shrink when the load falls under 1/8. The probe position is
+ *   splitmix64(key) so sequential or structured 8-byte keys spread evenly. The inline hold's
+ *   LFU count lives in a parallel 8-byte array that walks never read (40 bytes per slot).
  * - An 8-byte key (the fingerprint: nearly all traffic) is stored inline as its 8 bytes.
  *   Any other length goes to a side table of exact `bytes` objects (the slot keeps its index
  *   and a LONG flag); lookups compare those bytes exactly, never a hash of them.
  * - The first hold of a key lives in the slot; further holds of the same key live in an
  *   overflow arena of 32-byte entries linked from the slot, with a free list.
- * - walk/credit resolve each block's slot through a two-stage software pipeline (prefetch the
- *   home slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks
- *   ahead) so the cache misses of a long chain overlap instead of queueing.
+ * - walk resolves each block's slot through a two-stage software pipeline (prefetch the home
+ *   slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks ahead)
+ *   so the cache misses of a long chain overlap instead of queueing; credit and upsert_many
+ *   prefetch home slots PF_A keys ahead.
+ * - cap_candidates / quota_candidates keep the smallest candidates of a full scan in a heap
+ *   between calls (kept exact by hooks in upsert and remove_hold), so an index at its hold cap
+ *   or a tenant at its quota does not pay a full scan per ingest.
  *
  * Every call runs with the GIL held and never releases it, so calls are atomic to each other.
  * A `busy` flag rejects re-entrant calls (e.g. from a finalizer that a garbage collection
@@ -65,6 +70,10 @@
 #define PF_B 10
 #endif
 #define RING 32
+
+/* Eviction candidates kept between cap_candidates calls: max(CC_FACTOR * k, CC_MIN). */
+#define CC_MIN 16384
+#define CC_FACTOR 16
 
 /* ======================================================================================= */
 /* Layout                                                                                  */
@@ -122,11 +131,19 @@ typedef struct {
     size_t lk_live;
     size_t lk_bytes; /* sizes of the side table's bytes objects */
     uint64_t version; /* bumped on every structural change (holds() iterators check it) */
+    struct CandCache *cc; /* eviction candidates kept between cap_candidates calls, or NULL */
+    struct CandCache *qc; /* the same for quota_candidates (keys by newest last_seen) */
+    size_t cc_min;        /* candidates kept: max(cc_factor * k, cc_min) (tests lower them) */
+    size_t cc_factor;
     int busy;
 } BlockMap;
 
 static PyTypeObject BlockMapType;
 static PyTypeObject HoldsIterType;
+
+static void cc_free(BlockMap *m);
+static void qc_free(BlockMap *m);
+static void qc_note(BlockMap *m, size_t pos);
 
 /* The hold of arena entry idx1 (index + 1). */
 #define OH(m, idx1) (&(m)->ovf[(idx1) - 1].h)
@@ -480,6 +497,8 @@ static void bm_maybe_shrink(BlockMap *m) {
         size_t ncap = MIN_CAP;
         while (ncap < m->nkeys * 2) ncap *= 2;
         if (ncap < cap && bm_resize(m, ncap) < 0) PyErr_Clear();
+        cc_free(m); /* mass removal: most kept candidates are gone; rebuild when asked */
+        qc_free(m);
     }
     if (m->ovf_cap >= 1024 && (uint64_t)m->ovf_live * 4 < m->ovf_cap) {
         if (ovf_compact(m) < 0) PyErr_Clear();
@@ -524,6 +543,9 @@ static int bm_remove_inline(BlockMap *m, size_t pos, PyObject **dropped) {
 
 /* ---- upsert ---- */
 
+static void cc_note(BlockMap *m, const char *kp, Py_ssize_t kl, PyObject *keyobj, uint32_t rep1,
+                    int64_t access, int64_t last_seen);
+
 /* Returns NEW_KEY|NEW_HOLD bits, or -1 with an exception set. */
 static int bm_upsert(BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h, PyObject *keyobj,
                      uint32_t rep1, int32_t tokens, int64_t last_seen, int32_t tier) {
@@ -532,16 +554,22 @@ static int bm_upsert(BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h, PyO
     if (probe(m, kp, kl, h, &pos)) {
         Slot *s = &m->slots[pos];
         Hold *x = &s->h;
+        uint32_t at = 0; /* 0: inline, else arena index + 1 */
         for (;;) {
             if (x->rep1 == rep1) {
                 x->tokens = tokens;
                 x->last_seen = last_seen;
                 x->tier = tier;
+                if (BM_UNLIKELY(m->cc != NULL))
+                    cc_note(m, kp, kl, keyobj, rep1,
+                            at ? m->ovf[at - 1].access : m->sacc[pos], last_seen);
+                if (BM_UNLIKELY(m->qc != NULL)) qc_note(m, pos);
                 return 0;
             }
             uint32_t nx = x->next & IDX_MASK;
             if (!nx) break;
             x = OH(m, nx);
+            at = nx;
         }
         uint32_t idx1;
         if (ovf_alloc(m, &idx1) < 0) return -1;
@@ -555,6 +583,8 @@ static int bm_upsert(BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h, PyO
         s->h.next = (s->h.next & BM_LONG) | idx1;
         m->nholds++;
         m->version++;
+        if (BM_UNLIKELY(m->cc != NULL)) cc_note(m, kp, kl, keyobj, rep1, 0, last_seen);
+        if (BM_UNLIKELY(m->qc != NULL)) qc_note(m, pos);
         return NEW_HOLD;
     }
     uint64_t key;
@@ -578,19 +608,20 @@ static int bm_upsert(BlockMap *m, const char *kp, Py_ssize_t kl, uint64_t h, PyO
     m->nkeys++;
     m->nholds++;
     m->version++;
+    if (BM_UNLIKELY(m->cc != NULL)) cc_note(m, kp, kl, keyobj, rep1, 0, last_seen);
+    if (BM_UNLIKELY(m->qc != NULL)) qc_note(m, pos);
     return NEW_KEY | NEW_HOLD;
 }
 
 /* Full scans read slots in order (the hardware prefetcher follows) but jump to each key's
  * overflow holds at random: prefetch the first overflow hold SCAN_AHEAD slots ahead. */
-#define SCAN_AHEAD 128
+#define SCAN_AHEAD 64
 static inline void scan_prefetch(const BlockMap *m, size_t i) {
-    size_t j = i + SCAN_AHEAD;
-    if (j <= m->mask) {
-        const Slot *s = &m->slots[j];
-        uint32_t nx = s->h.next & IDX_MASK;
-        if (s->h.rep1 != 0 && nx) BM_PREFETCH(OH(m, nx));
-    }
+    /* Wrapping at the end is harmless, and without a bounds branch here GCC 12 keeps the
+     * prefetch (with one, it dropped it from every scan loop). */
+    const Slot *s = &m->slots[(i + SCAN_AHEAD) & m->mask];
+    uint32_t nx = s->h.next & IDX_MASK;
+    if (s->h.rep1 != 0 && nx) BM_PREFETCH(OH(m, nx));
 }
 
 /* Python bytes of the key in slot s (new reference). */
@@ -876,10 +907,14 @@ static PyObject *BM_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     m->mask = MIN_CAP - 1;
+    m->cc_min = CC_MIN;
+    m->cc_factor = CC_FACTOR;
     return (PyObject *)m;
 }
 
 static void bm_clear_all(BlockMap *m) {
+    cc_free(m);
+    qc_free(m);
     for (size_t i = 0; i < m->lk_top; i++) Py_CLEAR(m->lk[i].bytes);
     PyMem_RawFree(m->lk);
     PyMem_RawFree(m->ovf);
@@ -897,9 +932,12 @@ static void BM_dealloc(BlockMap *m) {
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
+static size_t cc_bytes(const BlockMap *m);
+
 static size_t bm_memory(const BlockMap *m) {
     return sizeof(BlockMap) + (m->mask + 1) * (sizeof(Slot) + sizeof(int64_t)) + 64 +
-           (size_t)m->ovf_cap * sizeof(Ovf) + m->lk_cap * sizeof(LongKey) + m->lk_bytes;
+           (size_t)m->ovf_cap * sizeof(Ovf) + m->lk_cap * sizeof(LongKey) + m->lk_bytes +
+           cc_bytes(m);
 }
 
 /* ======================================================================================= */
@@ -920,6 +958,25 @@ static PyObject *BM_memory_bytes(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *BM_sizeof(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromSize_t(bm_memory(m));
+}
+
+/* Tests only: shrink the candidate cache so its threshold paths run on small stores. */
+static PyObject *BM_tune_candidates(BlockMap *m, PyObject *args) {
+    Py_ssize_t cmin, factor;
+    if (!PyArg_ParseTuple(args, "nn:_tune_candidates", &cmin, &factor)) return NULL;
+    if (cmin < 1 || factor < 1) {
+        PyErr_SetString(PyExc_ValueError, "_tune_candidates: both values must be >= 1");
+        return NULL;
+    }
+    if (m->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
+        return NULL;
+    }
+    m->cc_min = (size_t)cmin;
+    m->cc_factor = (size_t)factor;
+    cc_free(m);
+    qc_free(m);
+    Py_RETURN_NONE;
 }
 
 static PyObject *BM_capacity(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
@@ -961,13 +1018,17 @@ static PyObject *BM_upsert_many(BlockMap *m, PyObject *const *args, Py_ssize_t n
     if (as_rep1(a[2], &rep1) < 0 || as_i64(a[3], "last_seen", &last_seen) < 0 ||
         as_i32(a[4], "tier", &tier) < 0)
         return NULL;
+    /* tokens first: turning a non-list into a list may run Python code, which must not see
+     * (and change) the keys list after its storage was taken. */
+    PyObject *tseq = PySequence_Fast(a[1], "tokens must be a sequence of int");
+    if (tseq == NULL) return NULL;
     Keys ks;
-    if (keys_open(a[0], &ks) < 0) return NULL;
-    PyObject *tseq = NULL;
+    if (keys_open(a[0], &ks) < 0) {
+        Py_DECREF(tseq);
+        return NULL;
+    }
     int32_t *tok = NULL;
     PyObject *result = NULL;
-    tseq = PySequence_Fast(a[1], "tokens must be a sequence of int");
-    if (tseq == NULL) goto done;
     /* Pairs up to the shorter sequence (zip), as the pure-Python twin does. */
     Py_ssize_t n = ks.n < PySequence_Fast_GET_SIZE(tseq) ? ks.n : PySequence_Fast_GET_SIZE(tseq);
     ks.n = n;
@@ -1343,9 +1404,19 @@ static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
     if (parse_args("walk", walk_names, 3, args, nargs, kwnames, a) < 0) return NULL;
     int64_t fresh;
     if (as_i64(a[2], "fresh_after", &fresh) < 0) return NULL;
-    Keys ks;
-    if (keys_open(a[0], &ks) < 0) return NULL;
+    /* counts first (see upsert_many) */
     PyObject *cseq = NULL, *out = NULL;
+    if (PyList_CheckExact(a[1]) || PyTuple_CheckExact(a[1])) {
+        cseq = Py_NewRef(a[1]);
+    } else {
+        cseq = PySequence_Fast(a[1], "counts must be a sequence of int");
+        if (cseq == NULL) return NULL;
+    }
+    Keys ks;
+    if (keys_open(a[0], &ks) < 0) {
+        Py_DECREF(cseq);
+        return NULL;
+    }
     RunState local[RUNS_LOCAL];
     RunTable t;
     t.runs = local;
@@ -1354,12 +1425,6 @@ static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
     t.rix_mask = 0;
     int entered = 0;
 
-    if (PyList_CheckExact(a[1]) || PyTuple_CheckExact(a[1])) {
-        cseq = Py_NewRef(a[1]);
-    } else {
-        cseq = PySequence_Fast(a[1], "counts must be a sequence of int");
-        if (cseq == NULL) goto done;
-    }
     /* Walks up to the shorter of keys and counts, as the pure-Python twin does. */
     if (PySequence_Fast_GET_SIZE(cseq) < ks.n) ks.n = PySequence_Fast_GET_SIZE(cseq);
     if (bm_enter(m) < 0) goto done;
@@ -1482,6 +1547,7 @@ static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t n
         Slot *s = &m->slots[pos];
         if (s->h.rep1 == rep1) {
             bits = HOLD_REMOVED | (bm_remove_inline(m, pos, &dropped) ? KEY_REMOVED : 0);
+            if (m->qc != NULL && !(bits & KEY_REMOVED)) qc_note(m, pos);
         } else {
             Hold *prev = &s->h;
             uint32_t nx = prev->next & IDX_MASK;
@@ -1493,6 +1559,7 @@ static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t n
                     m->nholds--;
                     m->version++;
                     bits = HOLD_REMOVED;
+                    if (m->qc != NULL) qc_note(m, pos);
                     break;
                 }
                 prev = x;
@@ -1566,11 +1633,11 @@ static int bm_prune(BlockMap *m, int mode, int64_t stale, uint32_t rep1, RMap *p
     int rc = 0;
     while (i < cap) {
         Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
         if (s->h.rep1 == 0) {
             i++;
             continue;
         }
-        scan_prefetch(m, i);
         Hold *prev = &s->h;
         uint32_t nx = prev->next & IDX_MASK;
         while (nx) {
@@ -1633,7 +1700,10 @@ static PyObject *BM_remove_replica(BlockMap *m, PyObject *const *args, Py_ssize_
     if (bm_enter(m) < 0) return NULL;
     size_t hr = 0, kr = 0;
     int rc = bm_prune(m, 1, 0, (uint32_t)v + 1, NULL, &hr, &kr);
-    if (hr) bm_maybe_shrink(m);
+    if (hr) {
+        qc_free(m); /* surviving keys' newest may have dropped below the kept edge */
+        bm_maybe_shrink(m);
+    }
     m->busy = 0;
     if (rc < 0) return NULL;
     return Py_BuildValue("(nn)", (Py_ssize_t)hr, (Py_ssize_t)kr);
@@ -1652,7 +1722,10 @@ static PyObject *BM_sweep(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
     if (bm_enter(m) < 0) goto done;
     size_t hr = 0, kr = 0;
     int rc = bm_prune(m, 0, stale, 0, &per, &hr, &kr);
-    if (hr) bm_maybe_shrink(m);
+    if (hr) {
+        qc_free(m); /* surviving keys' newest may have dropped below the kept edge */
+        bm_maybe_shrink(m);
+    }
     m->busy = 0;
     /* Out of memory half-way: the removals so far stand (the map stays consistent) but the
      * counts would be incomplete, so raise MemoryError. */
@@ -1719,83 +1792,106 @@ static inline void topk_push(TopK *t, Pair p) {
     }
 }
 
-static const char *const cap_names[] = {"k", "lfu"};
+/* ---- eviction candidates kept between calls (cap_candidates) ----
+ *
+ * Once the global cap is reached the index asks every partition for its k smallest holds after
+ * each ingest; a full scan each time would cost O(holds) per update. So a scan keeps more than
+ * was asked: the K = max(16 k, 16384) smallest holds plus ties, T = the largest value kept, as
+ * a min-heap of (value, key, replica) recorded at scan time. Invariant: every hold whose
+ * current value is <= T has an entry whose recorded value is <= its current value. Values only
+ * go up (credit, refresh to a later time) except when an upsert writes a value <= T (a new
+ * hold, or a refresh to an earlier time), and then cc_note pushes an entry for it. A call pops
+ * entries in recorded order and checks each against the table: gone -> dropped; value changed
+ * -> pushed again with its current value if that is still <= T; unchanged -> a candidate. So
+ * holds come out in true current order, and after the k-th (value V <= T) every hold tied
+ * with V comes out too. Candidates are pushed back (the index may not evict them all). If the
+ * heap runs dry first, or the lfu flag changes, or upserts push more than 4 K entries, the
+ * cache is dropped and rebuilt by a full scan.
+ */
 
-static PyObject *BM_cap_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
-                                   PyObject *kwnames) {
-    PyObject *a[2];
-    if (parse_args("cap_candidates", cap_names, 2, args, nargs, kwnames, a) < 0) return NULL;
-    long long k;
-    if (as_clamped(a[0], &k) < 0) return NULL;
-    int lfu = PyObject_IsTrue(a[1]);
-    if (lfu < 0) return NULL;
-    if (bm_enter(m) < 0) return NULL;
-    PyObject *out = PyList_New(0);
-    TopK t = {NULL, 0, 0};
-    if (out == NULL || k <= 0 || m->nholds == 0) goto done;
-    size_t cap = m->mask + 1;
-    Pair thr = {INT64_MAX, INT64_MAX};
-    int all = (unsigned long long)k >= (unsigned long long)m->nholds;
-    if (!all) {
-        t.k = (size_t)k;
-        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
-        if (t.v == NULL) {
-            PyErr_NoMemory();
-            Py_CLEAR(out);
-            goto done;
-        }
-        for (size_t i = 0; i < cap; i++) {
-            const Slot *s = &m->slots[i];
-            if (s->h.rep1 == 0) continue;
-            scan_prefetch(m, i);
-            const Hold *x = &s->h;
-            int64_t acc = m->sacc[i];
-            for (;;) {
-                Pair p = {lfu ? acc : 0, x->last_seen};
-                topk_push(&t, p);
-                uint32_t nx = x->next & IDX_MASK;
-                if (!nx) break;
-                x = OH(m, nx);
-                acc = m->ovf[nx - 1].access;
-            }
-        }
-        thr = t.v[0];
+typedef struct {
+    int64_t a; /* recorded effective count */
+    int64_t b; /* recorded last_seen */
+    uint64_t key;   /* the 8-byte key */
+    PyObject *lkey; /* exact bytes of a key of another length (owned), NULL for 8-byte keys */
+    uint32_t rep1;
+} Cand;
+
+struct CandCache {
+    Cand *v; /* min-heap by (a, b) */
+    size_t n, cap, limit;
+    Pair thr; /* T */
+    int lfu;
+    int quota; /* 1: entries are keys valued (newest last_seen, 0); rep1 unused */
+};
+
+
+static inline int cand_lt(const Cand *x, const Cand *y) {
+    return x->a < y->a || (x->a == y->a && x->b < y->b);
+}
+
+static void cc_sift_up(Cand *v, size_t i) {
+    Cand e = v[i];
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (!cand_lt(&e, &v[up])) break;
+        v[i] = v[up];
+        i = up;
     }
-    for (size_t i = 0; i < cap; i++) {
-        const Slot *s = &m->slots[i];
-        if (s->h.rep1 == 0) continue;
-        scan_prefetch(m, i);
-        PyObject *key = NULL;
-        const Hold *x = &s->h;
-        int64_t acc = m->sacc[i];
-        for (;;) {
-            Pair p = {lfu ? acc : 0, x->last_seen};
-            if (all || !pair_lt(thr, p)) {
-                if (key == NULL && (key = slot_key(m, s)) == NULL) {
-                    Py_CLEAR(out);
-                    goto done;
-                }
-                PyObject *tup = Py_BuildValue("(LLOk)", (long long)p.a, (long long)p.b, key,
-                                              (unsigned long)(x->rep1 - 1));
-                if (tup == NULL || PyList_Append(out, tup) < 0) {
-                    Py_XDECREF(tup);
-                    Py_DECREF(key);
-                    Py_CLEAR(out);
-                    goto done;
-                }
-                Py_DECREF(tup);
-            }
-            uint32_t nx = x->next & IDX_MASK;
-            if (!nx) break;
-            x = OH(m, nx);
-            acc = m->ovf[nx - 1].access;
-        }
-        Py_XDECREF(key);
+    v[i] = e;
+}
+
+static void cc_sift_down(Cand *v, size_t n, size_t i) {
+    Cand e = v[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && cand_lt(&v[c + 1], &v[c])) c++;
+        if (!cand_lt(&v[c], &e)) break;
+        v[i] = v[c];
+        i = c;
     }
-done:
-    m->busy = 0;
-    PyMem_RawFree(t.v);
-    return out;
+    v[i] = e;
+}
+
+/* Push e (its reference moves into the heap); -1 without an exception set on no memory. */
+static int cc_push(struct CandCache *c, const Cand *e) {
+    if (c->n == c->cap) {
+        size_t ncap = c->cap ? c->cap * 2 : 1024;
+        Cand *nv = (Cand *)PyMem_RawRealloc(c->v, ncap * sizeof(Cand));
+        if (nv == NULL) return -1;
+        c->v = nv;
+        c->cap = ncap;
+    }
+    c->v[c->n] = *e;
+    cc_sift_up(c->v, c->n++);
+    return 0;
+}
+
+static Cand cc_pop(struct CandCache *c) {
+    Cand top = c->v[0];
+    c->v[0] = c->v[--c->n];
+    if (c->n > 0) cc_sift_down(c->v, c->n, 0);
+    return top;
+}
+
+static void cache_drop(struct CandCache **pc) {
+    struct CandCache *c = *pc;
+    if (c == NULL) return;
+    *pc = NULL;
+    for (size_t i = 0; i < c->n; i++) Py_XDECREF(c->v[i].lkey); /* bytes: no Python code */
+    PyMem_RawFree(c->v);
+    PyMem_RawFree(c);
+}
+
+static void cc_free(BlockMap *m) { cache_drop(&m->cc); }
+static void qc_free(BlockMap *m) { cache_drop(&m->qc); }
+
+static size_t cc_bytes(const BlockMap *m) {
+    size_t n = 0;
+    if (m->cc != NULL) n += sizeof(struct CandCache) + m->cc->cap * sizeof(Cand);
+    if (m->qc != NULL) n += sizeof(struct CandCache) + m->qc->cap * sizeof(Cand);
+    return n;
 }
 
 static inline int64_t slot_newest(const BlockMap *m, const Slot *s) {
@@ -1810,6 +1906,500 @@ static inline int64_t slot_newest(const BlockMap *m, const Slot *s) {
     return best;
 }
 
+/* The key in slot pos changed its holds (upsert, or a removal it survived): if its newest
+ * last_seen is now <= T, the quota cache needs an entry for it (see cc_note). */
+static void qc_note(BlockMap *m, size_t pos) {
+    struct CandCache *c = m->qc;
+    const Slot *s = &m->slots[pos];
+    Cand e;
+    e.a = slot_newest(m, s);
+    e.b = 0;
+    if (pair_lt(c->thr, (Pair){e.a, e.b})) return;
+    if (c->n >= c->limit) {
+        qc_free(m);
+        return;
+    }
+    e.rep1 = 0;
+    if (s->h.next & BM_LONG) {
+        e.key = 0;
+        e.lkey = Py_NewRef(m->lk[s->key].bytes);
+    } else {
+        e.key = s->key;
+        e.lkey = NULL;
+    }
+    if (cc_push(c, &e) < 0) {
+        Py_XDECREF(e.lkey);
+        qc_free(m);
+    }
+}
+
+/* An upsert wrote (access, last_seen) for rep1's hold of this key: keep the invariant. */
+static void cc_note(BlockMap *m, const char *kp, Py_ssize_t kl, PyObject *keyobj, uint32_t rep1,
+                    int64_t access, int64_t last_seen) {
+    struct CandCache *c = m->cc;
+    Cand e;
+    e.a = c->lfu ? access : 0;
+    e.b = last_seen;
+    if (pair_lt(c->thr, (Pair){e.a, e.b})) return; /* above T: nothing to keep */
+    if (c->n >= c->limit) {
+        cc_free(m);
+        return;
+    }
+    e.rep1 = rep1;
+    if (kl == 8) {
+        e.key = load64(kp);
+        e.lkey = NULL;
+    } else {
+        e.key = 0;
+        e.lkey = (keyobj != NULL && PyBytes_CheckExact(keyobj)) ? Py_NewRef(keyobj)
+                                                                 : PyBytes_FromStringAndSize(kp, kl);
+        if (e.lkey == NULL) {
+            PyErr_Clear();
+            cc_free(m);
+            return;
+        }
+    }
+    if (cc_push(c, &e) < 0) {
+        Py_XDECREF(e.lkey);
+        cc_free(m);
+    }
+}
+
+/* The current hold (or, for the quota cache, key) of entry e: 1 with its value and identity,
+ * 0 if it is gone. */
+static int cc_lookup(const BlockMap *m, const Cand *e, const struct CandCache *c, Pair *cur,
+                     const void **id) {
+    int lfu = c->lfu;
+    const char *kp;
+    Py_ssize_t kl;
+    uint64_t h;
+    if (e->lkey != NULL) {
+        kp = PyBytes_AS_STRING(e->lkey);
+        kl = PyBytes_GET_SIZE(e->lkey);
+        h = hash_long(kp, kl);
+    } else {
+        kp = (const char *)&e->key;
+        kl = 8;
+        h = mix64(e->key);
+    }
+    size_t pos;
+    if (!probe(m, kp, kl, h, &pos)) return 0;
+    const Slot *s = &m->slots[pos];
+    if (c->quota) {
+        cur->a = slot_newest(m, s);
+        cur->b = 0;
+        *id = s;
+        return 1;
+    }
+    if (s->h.rep1 == e->rep1) {
+        cur->a = lfu ? m->sacc[pos] : 0;
+        cur->b = s->h.last_seen;
+        *id = &s->h;
+        return 1;
+    }
+    for (uint32_t nx = s->h.next & IDX_MASK; nx; nx = OH(m, nx)->next) {
+        if (OH(m, nx)->rep1 == e->rep1) {
+            cur->a = lfu ? m->ovf[nx - 1].access : 0;
+            cur->b = OH(m, nx)->last_seen;
+            *id = OH(m, nx);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Full scan: keep the K smallest holds plus ties (K = max(16 k, 16384), at most all). */
+static int cc_build(BlockMap *m, long long k, int lfu) {
+    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
+    if (want < m->cc_min) want = m->cc_min;
+    if (want > m->nholds) want = m->nholds;
+    TopK t = {NULL, 0, want};
+    t.v = (Pair *)PyMem_RawMalloc((want ? want : 1) * sizeof(Pair));
+    struct CandCache *c = (struct CandCache *)PyMem_RawCalloc(1, sizeof(struct CandCache));
+    if (t.v == NULL || c == NULL) {
+        PyMem_RawFree(t.v);
+        PyMem_RawFree(c);
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t cap = m->mask + 1;
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        const Hold *x = &s->h;
+        int64_t acc = m->sacc[i];
+        for (;;) {
+            Pair p = {lfu ? acc : 0, x->last_seen};
+            topk_push(&t, p);
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+            acc = m->ovf[nx - 1].access;
+        }
+    }
+    c->thr = t.n ? t.v[0] : (Pair){INT64_MIN, INT64_MIN};
+    c->lfu = lfu;
+    PyMem_RawFree(t.v);
+    m->cc = c;
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        const Hold *x = &s->h;
+        int64_t acc = m->sacc[i];
+        for (;;) {
+            Cand e;
+            e.a = lfu ? acc : 0;
+            e.b = x->last_seen;
+            if (!pair_lt(c->thr, (Pair){e.a, e.b})) {
+                e.rep1 = x->rep1;
+                if (s->h.next & BM_LONG) {
+                    e.key = 0;
+                    e.lkey = Py_NewRef(m->lk[s->key].bytes);
+                } else {
+                    e.key = s->key;
+                    e.lkey = NULL;
+                }
+                if (cc_push(c, &e) < 0) {
+                    Py_XDECREF(e.lkey);
+                    cc_free(m);
+                    PyErr_NoMemory();
+                    return -1;
+                }
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+            acc = m->ovf[nx - 1].access;
+        }
+    }
+    c->limit = 4 * (c->n > m->cc_min ? c->n : m->cc_min);
+    return 0;
+}
+
+/* A set of hold identities (addresses), open addressing; grows to stay under half full. */
+typedef struct {
+    const void **v;
+    size_t mask, n;
+} IdSet;
+
+static inline size_t idset_slot(const void *id, size_t mask) {
+    uint64_t q = mix64((uint64_t)(uintptr_t)id);
+    return (size_t)q & mask;
+}
+
+/* 1 if id was added, 0 if it was there, -1 on no memory. */
+static int idset_add(IdSet *t, const void *id) {
+    if ((t->n + 1) * 2 > t->mask + 1) {
+        size_t nmask = t->mask * 2 + 1;
+        const void **nv = (const void **)PyMem_RawCalloc(nmask + 1, sizeof(void *));
+        if (nv == NULL) return -1;
+        for (size_t i = 0; i <= t->mask; i++) {
+            if (t->v[i] == NULL) continue;
+            size_t q = idset_slot(t->v[i], nmask);
+            while (nv[q] != NULL) q = (q + 1) & nmask;
+            nv[q] = t->v[i];
+        }
+        PyMem_RawFree(t->v);
+        t->v = nv;
+        t->mask = nmask;
+    }
+    size_t q = idset_slot(id, t->mask);
+    while (t->v[q] != NULL) {
+        if (t->v[q] == id) return 0;
+        q = (q + 1) & t->mask;
+    }
+    t->v[q] = id;
+    t->n++;
+    return 1;
+}
+
+/* The k smallest holds plus ties from the cache, appended to `out` as cap_candidates tuples.
+ * Returns 1, or 0 when the cache could not answer (it is dropped), or -1 on error. */
+static int cc_select(BlockMap *m, struct CandCache **pc, long long k, PyObject *out) {
+    struct CandCache *c = *pc;
+    size_t kk = (size_t)k;
+    Cand *got = NULL;
+    size_t ngot = 0, capgot = 0;
+    IdSet seen = {NULL, 63, 0}; /* holds already taken (a hold may have several entries) */
+    seen.v = (const void **)PyMem_RawCalloc(seen.mask + 1, sizeof(void *));
+    if (seen.v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Pair edge = {0, 0};
+    int rc = 1;
+    for (;;) {
+        if (c->n == 0) break;
+        if (ngot >= kk && pair_lt(edge, (Pair){c->v[0].a, c->v[0].b})) break;
+        Cand e = cc_pop(c);
+        Pair cur;
+        const void *id;
+        if (!cc_lookup(m, &e, c, &cur, &id)) {
+            Py_XDECREF(e.lkey);
+            continue;
+        }
+        if (cur.a != e.a || cur.b != e.b) {
+            if (pair_lt(c->thr, cur)) {
+                Py_XDECREF(e.lkey); /* above T now: no longer a candidate */
+                continue;
+            }
+            e.a = cur.a;
+            e.b = cur.b;
+            if (cc_push(c, &e) < 0) {
+                Py_XDECREF(e.lkey);
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        int added = idset_add(&seen, id);
+        if (added <= 0) {
+            Py_XDECREF(e.lkey); /* a second entry for the same hold, or no memory */
+            if (added < 0) {
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        if (ngot == capgot) {
+            size_t ncap = capgot ? capgot * 2 : 256;
+            Cand *ng = (Cand *)PyMem_RawRealloc(got, ncap * sizeof(Cand));
+            if (ng == NULL) {
+                Py_XDECREF(e.lkey);
+                rc = -1;
+                break;
+            }
+            got = ng;
+            capgot = ncap;
+        }
+        got[ngot++] = e;
+        if (ngot == kk) edge = cur;
+    }
+    if (rc == 1 && ngot < kk) rc = 0;
+    /* Results first (references of `got` stay owned by it), then give the entries back. */
+    for (size_t i = 0; rc == 1 && i < ngot; i++) {
+        const Cand *e = &got[i];
+        PyObject *key = e->lkey != NULL ? Py_NewRef(e->lkey)
+                                        : PyBytes_FromStringAndSize((const char *)&e->key, 8);
+        PyObject *tup = key == NULL ? NULL
+                        : c->quota  ? Py_BuildValue("(LN)", (long long)e->a, key)
+                                    : Py_BuildValue("(LLNk)", (long long)e->a, (long long)e->b,
+                                                    key, (unsigned long)(e->rep1 - 1));
+        if (tup == NULL || PyList_Append(out, tup) < 0) rc = -1;
+        Py_XDECREF(tup);
+    }
+    for (size_t i = 0; i < ngot; i++) {
+        if (*pc == NULL || cc_push(*pc, &got[i]) < 0) {
+            Py_XDECREF(got[i].lkey);
+            cache_drop(pc);
+        }
+    }
+    PyMem_RawFree(got);
+    PyMem_RawFree(seen.v);
+    if (rc == 0) cache_drop(pc);
+    if (rc < 0 && !PyErr_Occurred()) PyErr_NoMemory();
+    return rc;
+}
+
+/* Two scans, no cache: the k smallest values by a max-heap, then every hold at or below the
+ * k-th (all holds when k >= holds). For large k, where a cache would hold most of the store. */
+static int cap_direct(BlockMap *m, long long k, int lfu, PyObject *out) {
+    TopK t = {NULL, 0, 0};
+    size_t cap = m->mask + 1;
+    Pair thr = {INT64_MAX, INT64_MAX};
+    int all = (unsigned long long)k >= (unsigned long long)m->nholds;
+    if (!all) {
+        t.k = (size_t)k;
+        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
+        if (t.v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < cap; i++) {
+            const Slot *s = &m->slots[i];
+            scan_prefetch(m, i);
+            if (s->h.rep1 == 0) continue;
+            const Hold *x = &s->h;
+            int64_t acc = m->sacc[i];
+            for (;;) {
+                Pair p = {lfu ? acc : 0, x->last_seen};
+                topk_push(&t, p);
+                uint32_t nx = x->next & IDX_MASK;
+                if (!nx) break;
+                x = OH(m, nx);
+                acc = m->ovf[nx - 1].access;
+            }
+        }
+        thr = t.v[0];
+        PyMem_RawFree(t.v);
+    }
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        PyObject *key = NULL;
+        const Hold *x = &s->h;
+        int64_t acc = m->sacc[i];
+        for (;;) {
+            Pair p = {lfu ? acc : 0, x->last_seen};
+            if (all || !pair_lt(thr, p)) {
+                if (key == NULL && (key = slot_key(m, s)) == NULL) return -1;
+                PyObject *tup = Py_BuildValue("(LLOk)", (long long)p.a, (long long)p.b, key,
+                                              (unsigned long)(x->rep1 - 1));
+                if (tup == NULL || PyList_Append(out, tup) < 0) {
+                    Py_XDECREF(tup);
+                    Py_DECREF(key);
+                    return -1;
+                }
+                Py_DECREF(tup);
+            }
+            uint32_t nx = x->next & IDX_MASK;
+            if (!nx) break;
+            x = OH(m, nx);
+            acc = m->ovf[nx - 1].access;
+        }
+        Py_XDECREF(key);
+    }
+    return 0;
+}
+
+static const char *const cap_names[] = {"k", "lfu"};
+
+static PyObject *BM_cap_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("cap_candidates", cap_names, 2, args, nargs, kwnames, a) < 0) return NULL;
+    long long k;
+    if (as_clamped(a[0], &k) < 0) return NULL;
+    int lfu = PyObject_IsTrue(a[1]);
+    if (lfu < 0) return NULL;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || k <= 0 || m->nholds == 0) goto done;
+    /* Keep a cache only where it stays a small part of the store. */
+    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
+    if (want < m->cc_min) want = m->cc_min;
+    if (want >= m->nholds) {
+        if (cap_direct(m, k, lfu, out) < 0) Py_CLEAR(out);
+        goto done;
+    }
+    if (m->cc != NULL && m->cc->lfu != lfu) cc_free(m);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (m->cc == NULL && cc_build(m, k, lfu) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        int rc = cc_select(m, &m->cc, k, out);
+        if (rc < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (rc == 1) goto done;
+        if (PyList_SetSlice(out, 0, PyList_GET_SIZE(out), NULL) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+    }
+    /* A freshly built cache always answers (it keeps at least k holds, all current). */
+    PyErr_SetString(PyExc_SystemError, "cap_candidates: candidate cache failed");
+    Py_CLEAR(out);
+done:
+    m->busy = 0;
+    return out;
+}
+
+/* Full scan for quota_candidates' cache: the K keys with the smallest newest last_seen plus
+ * ties (K = max(16 k, 16384), at most all). */
+static int qc_build(BlockMap *m, size_t want) {
+    TopK t = {NULL, 0, want};
+    t.v = (Pair *)PyMem_RawMalloc((want ? want : 1) * sizeof(Pair));
+    struct CandCache *c = (struct CandCache *)PyMem_RawCalloc(1, sizeof(struct CandCache));
+    if (t.v == NULL || c == NULL) {
+        PyMem_RawFree(t.v);
+        PyMem_RawFree(c);
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t cap = m->mask + 1;
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        topk_push(&t, (Pair){slot_newest(m, s), 0});
+    }
+    c->thr = t.n ? t.v[0] : (Pair){INT64_MIN, 0};
+    c->quota = 1;
+    PyMem_RawFree(t.v);
+    m->qc = c;
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        Cand e;
+        e.a = slot_newest(m, s);
+        e.b = 0;
+        if (pair_lt(c->thr, (Pair){e.a, e.b})) continue;
+        e.rep1 = 0;
+        if (s->h.next & BM_LONG) {
+            e.key = 0;
+            e.lkey = Py_NewRef(m->lk[s->key].bytes);
+        } else {
+            e.key = s->key;
+            e.lkey = NULL;
+        }
+        if (cc_push(c, &e) < 0) {
+            Py_XDECREF(e.lkey);
+            qc_free(m);
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    c->limit = 4 * (c->n > m->cc_min ? c->n : m->cc_min);
+    return 0;
+}
+
+/* Two scans, no cache (see cap_direct). */
+static int quota_direct(BlockMap *m, long long k, PyObject *out) {
+    TopK t = {NULL, 0, 0};
+    size_t cap = m->mask + 1;
+    int64_t thr = INT64_MAX;
+    int all = (unsigned long long)k >= (unsigned long long)m->nkeys;
+    if (!all) {
+        t.k = (size_t)k;
+        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
+        if (t.v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < cap; i++) {
+            const Slot *s = &m->slots[i];
+            scan_prefetch(m, i);
+            if (s->h.rep1 == 0) continue;
+            Pair p = {slot_newest(m, s), 0};
+            topk_push(&t, p);
+        }
+        thr = t.v[0].a;
+        PyMem_RawFree(t.v);
+    }
+    for (size_t i = 0; i < cap; i++) {
+        const Slot *s = &m->slots[i];
+        scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
+        int64_t newest = slot_newest(m, s);
+        if (!all && newest > thr) continue;
+        PyObject *key = slot_key(m, s);
+        PyObject *tup = key ? Py_BuildValue("(LN)", (long long)newest, key) : NULL;
+        if (tup == NULL || PyList_Append(out, tup) < 0) {
+            Py_XDECREF(tup);
+            return -1;
+        }
+        Py_DECREF(tup);
+    }
+    return 0;
+}
+
 static PyObject *BM_quota_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
     static const char *const names[] = {"k"};
@@ -1819,46 +2409,33 @@ static PyObject *BM_quota_candidates(BlockMap *m, PyObject *const *args, Py_ssiz
     if (as_clamped(a[0], &k) < 0) return NULL;
     if (bm_enter(m) < 0) return NULL;
     PyObject *out = PyList_New(0);
-    TopK t = {NULL, 0, 0};
     if (out == NULL || k <= 0 || m->nkeys == 0) goto done;
-    size_t cap = m->mask + 1;
-    int64_t thr = INT64_MAX;
-    int all = (unsigned long long)k >= (unsigned long long)m->nkeys;
-    if (!all) {
-        t.k = (size_t)k;
-        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
-        if (t.v == NULL) {
-            PyErr_NoMemory();
+    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
+    if (want < m->cc_min) want = m->cc_min;
+    if (want >= m->nkeys) {
+        if (quota_direct(m, k, out) < 0) Py_CLEAR(out);
+        goto done;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (m->qc == NULL && qc_build(m, want) < 0) {
             Py_CLEAR(out);
             goto done;
         }
-        for (size_t i = 0; i < cap; i++) {
-            const Slot *s = &m->slots[i];
-            if (s->h.rep1 == 0) continue;
-            scan_prefetch(m, i);
-            Pair p = {slot_newest(m, s), 0};
-            topk_push(&t, p);
-        }
-        thr = t.v[0].a;
-    }
-    for (size_t i = 0; i < cap; i++) {
-        const Slot *s = &m->slots[i];
-        if (s->h.rep1 == 0) continue;
-        scan_prefetch(m, i);
-        int64_t newest = slot_newest(m, s);
-        if (!all && newest > thr) continue;
-        PyObject *key = slot_key(m, s);
-        PyObject *tup = key ? Py_BuildValue("(LN)", (long long)newest, key) : NULL;
-        if (tup == NULL || PyList_Append(out, tup) < 0) {
-            Py_XDECREF(tup);
+        int rc = cc_select(m, &m->qc, k, out);
+        if (rc < 0) {
             Py_CLEAR(out);
             goto done;
         }
-        Py_DECREF(tup);
+        if (rc == 1) goto done;
+        if (PyList_SetSlice(out, 0, PyList_GET_SIZE(out), NULL) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
     }
+    PyErr_SetString(PyExc_SystemError, "quota_candidates: candidate cache failed");
+    Py_CLEAR(out);
 done:
     m->busy = 0;
-    PyMem_RawFree(t.v);
     return out;
 }
 
@@ -1871,8 +2448,8 @@ static PyObject *BM_replica_summary(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
     int failed = 0;
     for (size_t i = 0; i < cap && !failed; i++) {
         const Slot *s = &m->slots[i];
-        if (s->h.rep1 == 0) continue;
         scan_prefetch(m, i);
+        if (s->h.rep1 == 0) continue;
         const Hold *x = &s->h;
         for (;;) {
             RMEntry *e = rmap_get(&per, x->rep1);
@@ -1911,6 +2488,10 @@ done:
 
 /* Internal consistency, for tests: raises AssertionError naming the first broken rule. */
 static PyObject *BM_check_invariants(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    if (m->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
+        return NULL;
+    }
     size_t cap = m->mask + 1;
     size_t keys = 0, holds = 0, ovf_used = 0, longs = 0;
     const char *err = NULL;
@@ -2033,6 +2614,10 @@ static PyObject *HI_next(HoldsIter *it) {
         PyErr_SetString(PyExc_RuntimeError, "BlockMap changed size during iteration");
         return NULL;
     }
+    if (m->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockMap iterated during another call");
+        return NULL;
+    }
     size_t cap = m->mask + 1;
     while (it->pos < cap) {
         const Slot *s = &m->slots[it->pos];
@@ -2103,6 +2688,8 @@ static PyMethodDef BM_methods[] = {
     {"memory_bytes", (PyCFunction)BM_memory_bytes, METH_NOARGS,
      "Bytes allocated by this map (table, overflow arena, side table and its bytes objects)."},
     {"capacity", (PyCFunction)BM_capacity, METH_NOARGS, "Slots in the table."},
+    {"_tune_candidates", (PyCFunction)BM_tune_candidates, METH_VARARGS,
+     "_tune_candidates(min, factor): candidates kept between cap_candidates calls (tests)."},
     {"check_invariants", (PyCFunction)BM_check_invariants, METH_NOARGS,
      "Verify internal consistency (tests); raises AssertionError."},
     {"__sizeof__", (PyCFunction)BM_sizeof, METH_NOARGS, NULL},

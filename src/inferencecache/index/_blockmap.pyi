@@ -47,3 +47,5 @@ class BlockMap:
         """Slots in the open-addressing table (a power of two)."""
     def check_invariants(self) -> None:
         """Raise AssertionError if an internal invariant is broken (for tests)."""
+    def _tune_candidates(self, min: int, factor: int) -> None:
+        """Tests: keep max(factor * k, min) eviction candidates between cap_candidates calls."""

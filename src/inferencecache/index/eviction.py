@@ -63,7 +63,7 @@ def enforce_quota(st: IndexState, tenant: str) -> None:
         st.metrics.tenant_evictions(tenant, REASON_OVER_ENTRIES, removed)
 
 
-POOL_MIN = 1024
+POOL_MIN = 4096
 """Smallest batch of cap candidates computed at once (see ``CapPool``)."""
 
 _NO_TS = -(2**63)
