@@ -1,0 +1,423 @@
+"""Our index in process vs Dynamo's ``RadixTree``: same workload, same run, answers checked.
+
+    python bench/vs_dynamo.py [--quick | --smoke] [--rounds N] [--no-peer] [--json]
+
+The workload is ``bench/workload.py``'s seeded generator (N workers, shared prefixes, random
+leaf evictions, occasional cache resets, queries with novel suffixes). Each side runs in its own
+process: ours in the project's venv, Dynamo's (``bench/peer_dynamo.py``) in ``bench/.venv-peers``.
+The driver (this process) only generates, sequences and checks; it never times anything itself.
+
+What each side does with the same events (an *event* = one batch of one worker step):
+- **ours** — what the server does per message: ``Index.apply_update`` with one legacy
+  ``PrefixEntry`` per stored block (fingerprint + cumulative tokens, as the subscriber sends),
+  one ``Index.apply_event(PREFIX_EVICTED)`` per removed block (one ``PublishEvent`` each on the
+  wire), one ``ALL_CLEARED`` per reset;
+- **Dynamo** — ``RadixTree.apply_event(worker, json_bytes)`` with the serde ``KvCacheEvent``
+  (``block_hash`` = engine hash, ``tokens_hash`` = ``compute_block_hash_for_seq`` of the block),
+  then one ``find_matches`` as a barrier so the timed span covers the tree thread's work.
+Inputs are pre-built outside the timed loops on both sides (protobuf decoding is transport).
+
+Lookups, the same queries, each call timed alone:
+- **ours (headline)**: ``Router.lookup`` with a packed chain (the full LookupRoute pipeline:
+  policy, gates, scoring, ranking; G1/G2 floors and affinity off so every holder is returned);
+- **ours raw**: the partition store's ``walk`` alone (the matching step);
+- **Dynamo**: ``find_matches(tokens_hashes).scores``.
+
+Correctness: the oracle (per-worker sets of cached block ids → leading run per worker) answers
+every query; every timed answer of both sides is compared with it, and an untimed pass also
+checks ``verify_queries`` queries at several checkpoints during ingest. Any mismatch fails the
+run. Rounds interleave the sides (ABBA), and the ratios reported are medians of per-round ratios
+(``*_speedup_vs_dynamo`` = our throughput / theirs).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make `bench` importable
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import gc
+import json
+import pickle
+import tempfile
+import time
+from typing import Any
+
+from bench import common
+from bench.workload import (
+    FULL,
+    QUICK,
+    REMOVED,
+    SMOKE,
+    STORED,
+    Answer,
+    Oracle,
+    Params,
+    Workload,
+    compare,
+    generate,
+)
+
+TENANT, MODEL, SCHEME = "bench", "bench-model", "vllm"
+
+
+# ---------------------------------------------------------------------------------------------
+# Our side (runs in a worker process: `python bench/vs_dynamo.py --worker`)
+
+
+class Ours:
+    """The index side of the line protocol (commands as in ``bench/peer_dynamo.py``)."""
+
+    def __init__(self, store: str) -> None:
+        from inferencecache.index import STORE_BACKENDS, default_store_factory
+
+        self.store_name = store
+        self.factory = STORE_BACKENDS[store] if store != "default" else default_store_factory()
+        self.calls: list[tuple[int, Any]] = []
+        self.chain_calls: list[tuple[int, Any]] = []
+        self.requests: list[Any] = []
+        self.walks: list[tuple[bytes, list[int]]] = []
+        self.verify_requests: list[Any] = []
+        self.checkpoints: list[int] = []
+        self.block_size = 16
+        self.index: Any = None
+        self.router: Any = None
+
+    def _fresh(self) -> tuple[Any, Any]:
+        from inferencecache.index import Index, IndexConfig, IndexSettings, Router, TenantPolicy
+
+        policy = TenantPolicy(minimum_matched_tokens=0, routing_floor_score=0.0,
+                              affinity_routing=False)
+        index = Index(
+            IndexSettings(max_holds=0, engine_block_size=self.block_size),
+            store_factory=self.factory,
+            config=IndexConfig(policies={TENANT: policy}),
+        )
+        return index, Router(index)
+
+    def load(self, path: str) -> dict[str, Any]:
+        from inferencecache import fingerprint
+        from inferencecache.index import Event, EventType, LookupRequest, Prefix, Update
+
+        with open(path, "rb") as f:
+            wl: dict[str, Any] = pickle.load(f)
+        bs: int = wl["block_size"]
+        self.block_size = bs
+        parent: list[int] = wl["block_parent"]
+        tokens: list[list[int]] = wl["block_tokens"]
+        fp: list[bytes] = []
+        depth: list[int] = []
+        for b, toks in enumerate(tokens):
+            p = parent[b]
+            base = int.from_bytes(fp[p], "big") if p >= 0 else None
+            fp.append(fingerprint.chain_packed(toks, bs, base))
+            depth.append(1 if p < 0 else depth[p] + 1)
+        calls: list[tuple[int, Any]] = []
+        chain_calls: list[tuple[int, Any]] = []
+        for worker, kind, ids in wl["events"]:
+            rid = f"w{worker}"
+            if kind == STORED:
+                prefixes = [Prefix(prefix_hash=fp[b], token_count=depth[b] * bs) for b in ids]
+                calls.append((0, Update(replica_id=rid, model_id=MODEL, tenant_id=TENANT,
+                                        hash_scheme=SCHEME, prefixes=prefixes)))
+                # the same blocks as one chain PrefixEntry (what a batched subscriber could send)
+                entry = Prefix(block_hashes=[fp[b] for b in ids],
+                               block_token_counts=[bs] * len(ids))
+                chain_calls.append((0, Update(replica_id=rid, model_id=MODEL, tenant_id=TENANT,
+                                              hash_scheme=SCHEME, prefixes=[entry])))
+                continue
+            if kind == REMOVED:
+                call = (1, [Event(type=EventType.PREFIX_EVICTED, replica_id=rid, model_id=MODEL,
+                                  tenant_id=TENANT, prefix_hash=fp[b]) for b in ids])
+            else:
+                call = (1, [Event(type=EventType.ALL_CLEARED, replica_id=rid, model_id=MODEL,
+                                  tenant_id=TENANT)])
+            calls.append(call)
+            chain_calls.append(call)
+        self.calls = calls
+        self.chain_calls = chain_calls
+        self.requests = []
+        self.walks = []
+        for q in wl["queries"]:
+            packed = b"".join(fp[b] for b in q)
+            counts = [bs] * len(q)
+            self.requests.append(LookupRequest(
+                tenant_id=TENANT, model_id=MODEL, hash_scheme=SCHEME, block_hashes=packed,
+                packed_hashes=True, block_token_counts=counts))
+            self.walks.append((packed, counts))
+        self.verify_requests = self.requests[: wl["verify_queries"]]
+        self.checkpoints = list(wl["checkpoints"])
+        gc.collect()
+        gc.freeze()
+        store = type(self._fresh()[0].store_factory()).__name__
+        return {"events": len(calls), "queries": len(self.requests), "store": store}
+
+    def _apply(self, index: Any, calls: list[tuple[int, Any]]) -> None:
+        au = index.apply_update
+        ae = index.apply_event
+        for kind, obj in calls:
+            if kind == 0:
+                au(obj)
+            else:
+                for e in obj:
+                    ae(e)
+
+    def _answer(self, res: Any) -> dict[str, Any]:
+        if res.reason_code != "PREFIX_MATCH":
+            return {} if res.reason_code == "NO_HINT" else {"reason": res.reason_code}
+        out: dict[str, Any] = {}
+        for s in res.replica_scores:
+            blocks, rest = divmod(s.matched_tokens, self.block_size)
+            out[s.replica_id[1:]] = blocks if not rest else s.matched_tokens / self.block_size
+        return out
+
+    def ingest(self, shape: str = "legacy") -> dict[str, Any]:
+        self.index = self.router = None
+        gc.collect()
+        index, router = self._fresh()
+        calls = self.chain_calls if shape == "chain" else self.calls
+        t0 = time.perf_counter_ns()
+        self._apply(index, calls)
+        t1 = time.perf_counter_ns()
+        self.index, self.router = index, router
+        return {"ns": t1 - t0}
+
+    def lookup(self) -> dict[str, Any]:
+        lk = self.router.lookup
+        clock = time.perf_counter_ns
+        lat: list[int] = []
+        res: list[Any] = []
+        for req in self.requests:
+            t0 = clock()
+            r = lk(req)
+            t1 = clock()
+            lat.append(t1 - t0)
+            res.append(r)
+        # the matching step alone: the partition store's walk
+        index = self.index
+        part = index._state.parts.get((TENANT, MODEL, SCHEME, ""))
+        raw: list[int] = []
+        if part is not None:
+            walk = part.store.walk
+            fresh_after = index.clock.now_us() - index.settings.default_ttl_us
+            for packed, counts in self.walks:
+                t0 = clock()
+                walk(packed, counts, fresh_after)
+                t1 = clock()
+                raw.append(t1 - t0)
+        return {"lat_ns": lat, "raw_ns": raw, "answers": [self._answer(r) for r in res]}
+
+    def verify(self) -> dict[str, Any]:
+        index, router = self._fresh()
+        out: list[list[dict[str, Any]]] = []
+        done = 0
+        for cp in self.checkpoints:
+            self._apply(index, self.calls[done:cp])
+            done = cp
+            out.append([self._answer(router.lookup(r)) for r in self.verify_requests])
+        problems = index.verify()
+        return {"answers": out, "invariants": problems[:5]}
+
+
+def _worker_main(store: str) -> int:
+    ours = Ours(store)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd["op"]
+        try:
+            if op == "load":
+                common.worker_reply(ours.load(cmd["path"]))
+            elif op == "ingest":
+                common.worker_reply(ours.ingest(cmd.get("shape", "legacy")))
+            elif op == "lookup":
+                common.worker_reply(ours.lookup())
+            elif op == "verify":
+                common.worker_reply(ours.verify())
+            elif op == "quit":
+                common.worker_reply({"ok": True})
+                return 0
+            else:
+                common.worker_reply({"error": f"unknown op {op!r}"})
+        except Exception as e:
+            common.worker_reply({"error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+def _norm(ans: dict[str, Any]) -> Answer | dict[str, Any]:
+    """Worker answers (JSON: str keys) → {worker: blocks}; anything odd stays visible."""
+    try:
+        return {int(k): v for k, v in ans.items()}
+    except ValueError:
+        return ans
+
+
+def _check(side: str, got: list[dict[str, Any]], want: list[Answer]) -> list[str]:
+    return compare(side, [_norm(a) for a in got], want)  # type: ignore[misc]
+
+
+def _summary(lat_ns: list[int]) -> tuple[float, float, float]:
+    """(p50 µs, p99 µs, calls/s) of one round's per-call latencies."""
+    us = [x / 1000 for x in lat_ns]
+    total = sum(us)
+    return (common.percentile(us, 0.5), common.percentile(us, 0.99),
+            len(us) / (total / 1e6) if total else float("nan"))
+
+
+def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
+        peer: bool = True, params: Params | None = None, store: str = "default") -> dict[str, Any]:
+    """Run the comparison; returns the figures (keys ``lookup_speedup_vs_dynamo``,
+    ``ingest_speedup_vs_dynamo``, ``inproc_*``). Raises ``AssertionError`` on a wrong answer;
+    ``common.PeerUnavailable`` when the peer is wanted but cannot be installed."""
+    p = params or (SMOKE if smoke else QUICK if quick else FULL)
+    n_rounds = rounds if rounds is not None else (0 if smoke else 5 if quick else 9)
+    common.log(f"vs_dynamo: generating workload (seed {p.seed}, {p.workers} workers)")
+    wl: Workload = generate(p)
+    st = wl.stats()
+    oracle = Oracle(wl)
+    want_cp: list[list[Answer]] = []
+    vq = wl.queries[: p.verify_queries]
+    for cp in wl.checkpoints:
+        oracle.apply_until(cp)
+        want_cp.append(oracle.answers(vq))
+    oracle.apply_until(len(wl.events))
+    want_final = oracle.answers(wl.queries)
+    out: dict[str, Any] = {
+        "inproc_workload": {**{k: round(v, 2) for k, v in st.items()},
+                            "workers": p.workers, "block_size": p.block_size, "seed": p.seed},
+        "inproc_rounds": n_rounds,
+    }
+    peer_py = common.ensure_peer_venv() if peer else None
+    errors: list[str] = []
+    with common.Procs() as procs, tempfile.TemporaryDirectory(prefix="bench-vsd-") as tmp:
+        path = Path(tmp) / "workload.pkl"
+        with open(path, "wb") as f:
+            pickle.dump(wl.to_plain(), f, protocol=pickle.HIGHEST_PROTOCOL)
+        sides: dict[str, common.Worker] = {
+            "ours": common.Worker(procs, [sys.executable, str(Path(__file__).resolve()),
+                                          "--worker", "--store", store],
+                                  "ours", env=common.child_env(), cwd=common.REPO)
+        }
+        if peer_py is not None:
+            sides["dynamo"] = common.Worker(
+                procs, [str(peer_py), str(common.BENCH_DIR / "peer_dynamo.py")], "dynamo",
+                env=common.child_env(DYN_LOG="error"), cwd=common.REPO)
+        for name, w in sides.items():
+            rep = w.call({"op": "load", "path": str(path)})
+            if name == "ours":
+                out["inproc_ours_store"] = rep.get("store")
+        # correctness pass (untimed): checkpoints during ingest
+        for name, w in sides.items():
+            rep = w.call({"op": "verify"})
+            for i, got in enumerate(rep["answers"]):
+                errors += _check(f"{name}@checkpoint{i}", got, want_cp[i])
+            if rep.get("invariants"):
+                errors.append(f"{name}: index invariants: {rep['invariants']}")
+        out["inproc_checked_answers"] = len(vq) * len(wl.checkpoints) * len(sides)
+        per: dict[str, dict[str, list[float]]] = {
+            s: {k: [] for k in ("ingest", "ingest_blocks", "chain_ingest", "lookup", "p50",
+                                "p99", "raw", "raw_p50", "raw_p99")} for s in sides}
+        blocks = st["stored_blocks"] + st["removed_blocks"]
+        order = list(sides)
+        for r in range(n_rounds):
+            common.log(f"vs_dynamo: round {r + 1}/{n_rounds}")
+            for name in order if r % 2 == 0 else order[::-1]:
+                w = sides[name]
+                if name == "ours":  # secondary: stored blocks as one chain entry per event
+                    secs = w.call({"op": "ingest", "shape": "chain"})["ns"] / 1e9
+                    per[name]["chain_ingest"].append(st["events"] / secs)
+                    errors += _check("ours(chain entries)", w.call({"op": "lookup"})["answers"],
+                                     want_final)
+                secs = w.call({"op": "ingest"})["ns"] / 1e9
+                per[name]["ingest"].append(st["events"] / secs)
+                per[name]["ingest_blocks"].append(blocks / secs)
+                rep = w.call({"op": "lookup"})
+                p50, p99, rate = _summary(rep["lat_ns"])
+                per[name]["p50"].append(p50)
+                per[name]["p99"].append(p99)
+                per[name]["lookup"].append(rate)
+                if rep.get("raw_ns"):
+                    rp50, rp99, rrate = _summary(rep["raw_ns"])
+                    per[name]["raw"].append(rrate)
+                    per[name]["raw_p50"].append(rp50)
+                    per[name]["raw_p99"].append(rp99)
+                errors += _check(f"{name}@round{r + 1}", rep["answers"], want_final)
+        out["inproc_checked_answers"] += n_rounds * len(wl.queries) * len(sides)
+        for w in sides.values():
+            w.close()
+    out["inproc_correct"] = not errors
+    out["inproc_errors"] = errors[:20]
+    out["inproc_peer"] = (f"{common.DYNAMO_PACKAGE}=={common.DYNAMO_VERSION}"
+                          if peer_py is not None else None)
+    if n_rounds:
+        for name, d in per.items():
+            out[f"inproc_{name}_ingest_events_per_s"] = common.rounded(
+                common.median(d["ingest"]), 0)
+            out[f"inproc_{name}_ingest_blocks_per_s"] = common.rounded(
+                common.median(d["ingest_blocks"]), 0)
+            out[f"inproc_{name}_lookups_per_s"] = common.rounded(common.median(d["lookup"]), 0)
+            out[f"inproc_{name}_lookup_p50_us"] = common.rounded(common.median(d["p50"]))
+            out[f"inproc_{name}_lookup_p99_us"] = common.rounded(common.median(d["p99"]))
+            if d["chain_ingest"]:
+                out[f"inproc_{name}_chain_ingest_events_per_s"] = common.rounded(
+                    common.median(d["chain_ingest"]), 0)
+            if d["raw"]:
+                out[f"inproc_{name}_walk_per_s"] = common.rounded(common.median(d["raw"]), 0)
+                out[f"inproc_{name}_walk_p50_us"] = common.rounded(common.median(d["raw_p50"]))
+                out[f"inproc_{name}_walk_p99_us"] = common.rounded(common.median(d["raw_p99"]))
+        if "dynamo" in per:
+            o, t = per["ours"], per["dynamo"]
+
+            def ratio(a: list[float], b: list[float]) -> float | None:
+                return common.rounded(common.median([x / y for x, y in zip(a, b, strict=True)]))
+
+            out["lookup_speedup_vs_dynamo"] = ratio(o["lookup"], t["lookup"])
+            out["ingest_speedup_vs_dynamo"] = ratio(o["ingest"], t["ingest"])
+            out["ingest_chain_speedup_vs_dynamo"] = ratio(o["chain_ingest"], t["ingest"])
+            out["lookup_raw_speedup_vs_dynamo"] = ratio(o["raw"], t["lookup"])
+            out["inproc_lookup_p50_ratio_vs_dynamo"] = ratio(o["p50"], t["p50"])
+            out["inproc_speedup_rounds"] = {
+                "lookup": [common.rounded(x / y) for x, y in zip(o["lookup"], t["lookup"],
+                                                                  strict=True)],
+                "ingest": [common.rounded(x / y) for x, y in zip(o["ingest"], t["ingest"],
+                                                                  strict=True)],
+            }
+    if errors:
+        raise AssertionError("vs_dynamo: wrong answers:\n" + "\n".join(errors[:20]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny, correctness only")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--no-peer", action="store_true", help="our side and the oracle only")
+    ap.add_argument("--store", default="default", help="index store backend (default, memstore, "
+                    "nativestore)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return _worker_main(args.store)
+    with common.sigterm_as_exit():
+        res = run(args.quick, smoke=args.smoke, rounds=args.rounds, peer=not args.no_peer,
+                  store=args.store)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        for k, v in res.items():
+            print(f"{k:45s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
