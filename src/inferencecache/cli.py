@@ -13,7 +13,15 @@ from typing import Any
 import click
 
 # name -> "module:attribute" of a click.Command. Each part registers its binary here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "subscribe": "inferencecache.subscriber.command:subscribe",
+    "fake-engine": "inferencecache.engines.command:fake_engine",
+    "serve": "inferencecache.server.command:serve",
+    "lookup": "inferencecache.client.command:lookup",
+    "gateway": "inferencecache.gateway.command:gateway",
+    "simulate": "inferencecache.sim.command:simulate",
+    "demo": "inferencecache.sim.command:demo",
+}
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -1,0 +1,90 @@
+"""vLLM-named Prometheus metrics of a fake or simulated engine, served at ``/metrics``.
+
+The names and types are the ones the subscriber's stats path reads (subscriber spec §7), with
+vLLM's labels (``model_name``, ``engine``), so a subscriber scrapes a fake engine exactly like a
+real one.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+
+class EngineMetrics:
+    """The gauges and counters vLLM exposes, bound to one model name."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        labels = ("model_name", "engine")
+        values = (model_name, "0")
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r).labels(*values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r).labels(*values)
+
+        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).")
+        self.running = gauge("vllm:num_requests_running", "Requests running.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hit tokens.")
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix-cache queried tokens."
+        )
+        self.external_hits = counter(
+            "vllm:external_prefix_cache_hits", "External (connector) prefix-cache hit tokens."
+        )
+        self.external_queries = counter(
+            "vllm:external_prefix_cache_queries", "External prefix-cache queried tokens."
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+class MetricsPage:
+    """``/metrics`` (and vLLM's ``/health``) on one aiohttp listener."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    def routes(self, app: web.Application) -> None:
+        """Add the routes to an existing app (the simulated engine serves more)."""
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port``; returns the bound port (port 0 = any free port)."""
+        app = web.Application()
+        self.routes(app)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host or None, port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else port
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,236 @@
+"""An engine-side KV-event publisher that speaks the real wire format (subscriber spec §2.1).
+
+What vLLM's ``ZmqEventPublisher`` does, reusable by every fake or simulated engine: a PUB socket
+(binds like vLLM: ``*``, ``::``, ``ipc://`` and ``inproc://`` endpoints, and here any loopback
+``tcp://`` address), 3-frame messages ``topic, seq, payload`` with ``seq`` counting from 0 per
+process, batches encoded in a chosen release's shape, a replay buffer of the last
+``buffer_steps`` batches and, optionally, the replay ROUTER that answers ``["", start_seq]``
+requests in that release's reply generation. Events of one scheduler step are collected with
+:meth:`store` / :meth:`remove` / :meth:`clear` and published as one batch by :meth:`end_step`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any, Final
+
+import zmq
+import zmq.asyncio
+
+from inferencecache.kvevents.encode import (
+    DEFAULT_FORMAT,
+    Hash,
+    WireAllCleared,
+    WireEvent,
+    WireFormat,
+    WireRemoved,
+    WireStored,
+    encode_batch,
+    wire_format,
+)
+from inferencecache.kvevents.framing import (
+    live_message,
+    parse_replay_request,
+    replay_data,
+    replay_end,
+)
+
+log = logging.getLogger("inferencecache.engines")
+
+DEFAULT_BUFFER_STEPS: Final = 10_000
+DEFAULT_HWM: Final = 100_000
+
+
+class EventPublisher:
+    """PUB socket + seq + replay buffer (+ replay ROUTER) for one engine (one DP rank)."""
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        *,
+        endpoint: str,
+        topic: str = "",
+        fmt: WireFormat | str = DEFAULT_FORMAT,
+        replay_endpoint: str = "",
+        buffer_steps: int = DEFAULT_BUFFER_STEPS,
+        hwm: int = DEFAULT_HWM,
+        rank: int = 0,
+        see_subscribers: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.requested_endpoint = endpoint
+        self.requested_replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.format = wire_format(fmt) if isinstance(fmt, str) else fmt
+        self.rank = rank
+        self.hwm = hwm
+        # XPUB instead of PUB: identical on the wire, but subscriptions become visible, so a
+        # benchmark can wait until a subscriber is really listening (ZeroMQ's slow joiner).
+        self.see_subscribers = see_subscribers
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=max(1, buffer_steps))
+        self.next_seq = 0
+        self.endpoint = ""
+        self.replay_endpoint = ""
+        self._pub: zmq.asyncio.Socket | None = None
+        self._raw_pub: zmq.Socket[bytes] | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        self._replay_task: asyncio.Task[None] | None = None
+        self._step: list[WireEvent] = []
+        self.batches_published = 0
+        self.events_published = 0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the PUB (and the replay ROUTER); resolves ``:*`` / ``:0`` ports."""
+        pub = self.ctx.socket(zmq.XPUB if self.see_subscribers else zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, self.hwm)
+        self.endpoint = _bind(pub, self.requested_endpoint)
+        self._pub = pub
+        self._raw_pub = zmq.Socket.shadow(pub.underlying)
+        if self.requested_replay_endpoint:
+            router = self.ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.SNDHWM, 0)  # unlimited: never drop replayed batches
+            self.replay_endpoint = _bind(router, self.requested_replay_endpoint)
+            self._router = router
+            self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay())
+
+    async def wait_for_subscriber(self) -> bytes:
+        """With ``see_subscribers``: wait for the first subscription; returns its topic."""
+        assert self._pub is not None and self.see_subscribers, "start() with see_subscribers"
+        while True:
+            msg = await self._pub.recv()
+            if msg[:1] == b"\x01":
+                return bytes(msg[1:])
+
+    async def close(self) -> None:
+        """Stop serving replay and close the sockets."""
+        if self._replay_task is not None:
+            self._replay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replay_task
+            self._replay_task = None
+        for sock in (self._router, self._pub):
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+
+    # ---- one scheduler step -----------------------------------------------------------------
+
+    def store(
+        self,
+        block_hashes: list[Hash],
+        parent_block_hash: Hash | None,
+        token_ids: list[int],
+        block_size: int,
+        *,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        medium: str | None = "GPU",
+        group_idx: int | None = 0,
+        kind: str | None = "full_attention",
+    ) -> None:
+        """Queue a BlockStored (fields this release does not declare are simply not written)."""
+        self._step.append(
+            WireStored(
+                list(block_hashes),
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_id=lora_id,
+                medium=medium,
+                lora_name=lora_name,
+                extra_keys=[[lora_name] if lora_name else None for _ in block_hashes],
+                group_idx=group_idx,
+                kv_cache_spec_kind=kind,
+            )
+        )
+
+    def remove(self, block_hashes: list[Hash], *, medium: str | None = "GPU",
+               group_idx: int | None = 0) -> None:
+        """Queue a BlockRemoved."""
+        self._step.append(WireRemoved(list(block_hashes), medium=medium, group_idx=group_idx))
+
+    def clear(self) -> None:
+        """Queue an AllBlocksCleared."""
+        self._step.append(WireAllCleared())
+
+    def add(self, event: WireEvent) -> None:
+        """Queue any wire event as is."""
+        self._step.append(event)
+
+    @property
+    def step_events(self) -> int:
+        return len(self._step)
+
+    def end_step(self, ts: float | None = None, *, live: bool = True) -> int | None:
+        """Publish the queued events as one batch; ``None`` if the step had no events."""
+        payload = self.encode_step(ts)
+        return None if payload is None else self.publish_payload(payload, live=live)
+
+    def encode_step(self, ts: float | None = None) -> bytes | None:
+        """Encode the queued events as one batch payload without publishing it (a caller may
+        publish it later with :meth:`publish_payload`); ``None`` if the step had no events."""
+        if not self._step:
+            return None
+        events, self._step = self._step, []
+        self.events_published += len(events)
+        return encode_batch(time.time() if ts is None else ts, events, self.format, self.rank)
+
+    def publish_payload(self, payload: bytes, *, live: bool = True) -> int:
+        """Give ``payload`` the next seq, buffer it for replay and (if ``live``) send it.
+
+        ``live=False`` stands in for a message the PUB dropped at its high-water mark: the
+        subscriber sees a gap that only replay can fill.
+        """
+        seq = self.next_seq
+        self.next_seq += 1
+        self.buffer.append((seq, payload))
+        self.batches_published += 1
+        if live:
+            assert self._raw_pub is not None, "start() first"
+            self._raw_pub.send_multipart(live_message(self.topic, seq, payload))
+        return seq
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Send arbitrary frames on the PUB (tests: malformed messages)."""
+        assert self._raw_pub is not None, "start() first"
+        self._raw_pub.send_multipart(frames)
+
+    # ---- replay -----------------------------------------------------------------------------
+
+    async def _serve_replay(self) -> None:
+        router = self._router
+        assert router is not None
+        with_topic = self.format.replay_topic_frame
+        while True:
+            frames = await router.recv_multipart()
+            request = parse_replay_request(frames)
+            if request is None:
+                log.warning("ignoring malformed replay request", extra={"frames": len(frames)})
+                continue
+            identity, start = request
+            sent = 0
+            for seq, payload in list(self.buffer):
+                if seq >= start:
+                    await router.send_multipart(
+                        replay_data(identity, self.topic, seq, payload, with_topic)
+                    )
+                    sent += 1
+            await router.send_multipart(replay_end(identity, with_topic))
+            log.info("served replay", extra={"start_seq": start, "batches": sent})
+
+
+def _bind(sock: zmq.asyncio.Socket, endpoint: str) -> str:
+    """Bind, accepting port 0 as "any free port"; returns the endpoint actually bound."""
+    target = endpoint
+    if target.startswith("tcp://") and target.endswith(":0"):
+        target = target[:-2] + ":*"
+    sock.bind(target)
+    last: Any = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) else str(last)

@@ -1,0 +1,215 @@
+"""Wiring of one subscriber process: tasks, start-up and graceful shutdown (spec §3.6).
+
+Tasks on one event loop: intake (ZeroMQ) → bounded queue → processor (decode + mapper) →
+forwarder's sender (gRPC), plus the connectivity watcher, the stats reporter and the HTTP
+listener. The gRPC channel connects lazily, so start-up never waits for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, Final
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from inferencecache.config import format_duration
+from inferencecache.subscriber.client import CacheClient
+from inferencecache.subscriber.forwarder import Forwarder
+from inferencecache.subscriber.http import MetricsServer
+from inferencecache.subscriber.intake import QUEUE_SIZE, Intake, QueueItem
+from inferencecache.subscriber.lora import LoraResolver
+from inferencecache.subscriber.mapping import BlockMapper
+from inferencecache.subscriber.messages import Identity
+from inferencecache.subscriber.metrics import SubscriberMetrics
+from inferencecache.subscriber.processor import Processor
+from inferencecache.subscriber.replay import ReplayClient
+from inferencecache.subscriber.resync import watch_connectivity
+from inferencecache.subscriber.settings import SubscribeSettings
+from inferencecache.subscriber.stats import StatsReporter, make_profile
+
+log = logging.getLogger("inferencecache.subscriber")
+
+DRAIN_TIMEOUT: Final = 5.0
+
+
+class Subscriber:
+    """One running subscriber (``inferencecache subscribe``)."""
+
+    def __init__(self, settings: SubscribeSettings, registry: CollectorRegistry | None = None):
+        self.settings = settings
+        self.metrics = SubscriberMetrics(registry)
+        self.ident = Identity(
+            settings.replica_id, settings.model_id, settings.tenant_id, settings.hash_scheme
+        )
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.http: MetricsServer | None = None
+        self.ctx: zmq.asyncio.Context | None = None
+        self.client: CacheClient | None = None
+        self.forwarder: Forwarder | None = None
+        self.mapper: BlockMapper | None = None
+        self.intake: Intake | None = None
+        self._stopping = False
+
+    def healthy(self) -> bool:
+        """True while every long-running task is alive."""
+        return bool(self._tasks) and not self._stopping and all(
+            not t.done() for t in self._tasks.values()
+        )
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks[name] = task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("subscriber task failed", extra={"task": task.get_name(), "err": repr(exc)})
+
+    async def start(self) -> None:
+        """Create the sockets, the channel and the tasks; bind the metrics listener."""
+        s = self.settings
+        log.info(
+            "kvevent-subscriber starting",
+            extra={
+                "engine_endpoint": s.engine_endpoint,
+                "server": str(s.server),
+                "replica_id": s.replica_id,
+                "model_id": s.model_id,
+                "tenant_id": s.tenant_id,
+                "hash_scheme": s.hash_scheme,
+                "topic": s.topic,
+                "block_size": s.block_size,
+                "replay_endpoint": s.replay_endpoint,
+                "engine_metrics_url": s.engine_metrics_url,
+                "stats_interval": format_duration(s.effective_stats_interval),
+                "cache_tier": s.cache_tier,
+                "engine_model_name": s.engine_model_name,
+                "ignore_block_removed": s.ignore_block_removed,
+                "trust_lora_name": s.trust_lora_name,
+            },
+        )
+        self.client = CacheClient(str(s.server))
+        self.ctx = zmq.asyncio.Context()
+        queue: asyncio.Queue[QueueItem] = asyncio.Queue(QUEUE_SIZE)
+        mapper_box: list[BlockMapper] = []
+        self.forwarder = Forwarder(
+            self.client,
+            self.ident,
+            self.metrics,
+            window=s.effective_window,
+            snapshot=lambda: mapper_box[0].snapshot(),
+        )
+        self.mapper = BlockMapper(
+            block_size=s.block_size,
+            resolver=LoraResolver(s.adapter_names, s.trust_lora_name),
+            outbox=self.forwarder,
+            metrics=self.metrics,
+            ignore_block_removed=s.ignore_block_removed,
+        )
+        mapper_box.append(self.mapper)
+        replay = ReplayClient(self.ctx, s.replay_endpoint) if s.replay_endpoint else None
+        self.intake = Intake(self.ctx, s.engine_endpoint, s.topic, queue, self.metrics,
+                             replay=replay)
+        self.processor = Processor(queue, self.mapper, self.metrics)
+        self.http = MetricsServer(self.metrics.registry, self.healthy)
+        port = await self.http.start(s.metrics_address.host, s.metrics_address.port)
+        log.info(
+            "metrics listening",
+            extra={"address": f"{s.metrics_address.host}:{port}", "paths": "/metrics /healthz"},
+        )
+        self._spawn("intake", self.intake.run())
+        self._spawn("processor", self.processor.run())
+        self._spawn("sender", self.forwarder.run())
+        self._spawn("connectivity", watch_connectivity(self.client.channel,
+                                                       self.forwarder.request_resync))
+        if s.engine_metrics_url:
+            profile = make_profile(
+                s.hash_scheme, s.cache_tier, s.engine_cache_size_bytes, s.max_concurrency_ceiling
+            )
+            stats = StatsReporter(
+                self.client,
+                self.ident,
+                self.metrics,
+                profile,
+                url=s.engine_metrics_url,
+                interval=s.effective_stats_interval,
+                model_name=s.engine_model_name,
+            )
+            self._spawn("stats", stats.run())
+
+    async def _cancel(self, name: str) -> None:
+        task = self._tasks.get(name)
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def _wait(self, name: str, timeout: float) -> bool:
+        task = self._tasks.get(name)
+        if task is None:
+            return True
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+        return bool(done)
+
+    async def stop(self) -> None:
+        """Stop receiving, drain the queue and flush, then close everything (≤ 5 s per part)."""
+        self._stopping = True
+        await self._cancel("intake")
+        assert self.intake is not None and self.forwarder is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.intake.close(), DRAIN_TIMEOUT)
+        drained = await self._wait("processor", deadline - loop.time())
+        self.forwarder.close()
+        if drained:
+            drained = await self._wait("sender", deadline - loop.time())
+        if not drained:
+            log.warning("reporter drain timed out")
+        await self._cancel("processor")
+        await self._cancel("sender")
+        stats = self._tasks.get("stats")
+        if stats is not None:
+            stats.cancel()
+            done, _ = await asyncio.wait({stats}, timeout=DRAIN_TIMEOUT)
+            if not done:
+                log.warning("stats reporter drain timed out")
+        await self._cancel("connectivity")
+        if self.http is not None:
+            await self.http.stop()
+        if self.client is not None:
+            await self.client.close()
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        log.info("kvevent-subscriber stopped")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, wait for ``stop`` (a signal), shut down."""
+        try:
+            await self.start()
+        except BaseException:
+            await self._release()
+            raise
+        await stop.wait()
+        await self.stop()
+
+    async def _release(self) -> None:
+        """Close what a failed start left open."""
+        self._stopping = True
+        for name in list(self._tasks):
+            await self._cancel(name)
+        if self.http is not None:
+            await self.http.stop()
+        if self.client is not None:
+            await self.client.close()
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)

@@ -1,0 +1,41 @@
+"""``inferencecache subscribe``: the engine-side sidecar (subscriber spec §8)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import click
+
+from inferencecache import logs
+from inferencecache.config import command_options
+from inferencecache.subscriber.settings import SubscribeSettings
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+log = logging.getLogger("inferencecache.subscriber")
+
+
+async def _main(settings: SubscribeSettings) -> int:
+    from inferencecache.subscriber.app import Subscriber
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sub = Subscriber(settings)
+    try:
+        await sub.run(stop)
+    except OSError as e:  # e.g. the metrics address is taken
+        log.error("kvevent-subscriber failed to start", extra={"err": str(e)})
+        return 1
+    return 0
+
+
+@click.command("subscribe", context_settings=CONTEXT)
+@command_options(SubscribeSettings)
+def subscribe(settings: SubscribeSettings) -> int:
+    """Follow one engine's KV-cache events (ZeroMQ) and report them to the server (gRPC)."""
+    logs.setup()
+    return asyncio.run(_main(settings))

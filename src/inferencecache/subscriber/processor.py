@@ -1,0 +1,64 @@
+"""The processor task: decode queued payloads and apply them to the mapper, in order.
+
+Decoding lives here rather than in the intake so a burst of messages is read off the socket
+(into the bounded queue) while earlier ones are still being applied. A rejected batch is logged
+once, counted once and skipped; nothing of it is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from inferencecache.kvevents.decode import BatchDecoder, BatchRejected
+from inferencecache.subscriber.intake import EngineGone, QueueItem
+from inferencecache.subscriber.mapping import BlockMapper
+from inferencecache.subscriber.metrics import SubscriberMetrics
+
+log = logging.getLogger("inferencecache.subscriber")
+
+
+class Processor:
+    """Single owner of the mapper state: no locks needed."""
+
+    def __init__(
+        self,
+        queue: asyncio.Queue[QueueItem],
+        mapper: BlockMapper,
+        metrics: SubscriberMetrics,
+        decoder: BatchDecoder | None = None,
+    ) -> None:
+        self.queue = queue
+        self.mapper = mapper
+        self.metrics = metrics
+        self.decoder = decoder if decoder is not None else BatchDecoder()
+
+    def apply_payload(self, payload: bytes, seq: int | None = None) -> bool:
+        """Decode and apply one payload; ``False`` if the batch was rejected."""
+        self.metrics.batches_received.inc()
+        try:
+            batch = self.decoder.decode(payload)
+        except BatchRejected as e:
+            self.metrics.batches_rejected[e.reason].inc()
+            log.warning(
+                "dropping undecodable event batch",
+                extra={"err": str(e), "reason": e.reason, "seq": seq, "bytes": len(payload)},
+            )
+            return False
+        self.mapper.apply(batch)
+        return True
+
+    async def run(self) -> None:
+        """Consume until the intake closes the queue (``None``)."""
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, EngineGone):
+                self.mapper.engine_restarted()
+                continue
+            self.apply_payload(item.payload, item.seq)
+            if self.queue.empty():
+                continue
+            # Let the intake and the sender run between batches of a burst.
+            await asyncio.sleep(0)

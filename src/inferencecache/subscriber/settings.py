@@ -1,0 +1,127 @@
+"""Settings of ``inferencecache subscribe`` (subscriber spec §8): one frozen dataclass.
+
+Every flag also reads ``INFERENCECACHE_<FLAG>``; the command line wins. Cross-field and value
+checks raise ``ValueError`` in ``__post_init__``, which the CLI turns into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import click
+
+from inferencecache.config import DURATION, GO_BOOL, HOST_PORT, ZMQ_ENDPOINT, HostPort, setting
+from inferencecache.subscriber.lora import parse_adapter_names
+
+CACHE_TIERS: Final = ("auto", "kv", "gpu", "cpu")
+DEFAULT_WINDOW: Final = 0.1
+DEFAULT_STATS_INTERVAL: Final = 10.0
+
+DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
+DEFAULT_METRICS_ADDRESS: Final = HostPort("127.0.0.1", 9091)
+
+_INT: Final = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
+
+
+class _GoInt(click.ParamType):  # type: ignore[type-arg]
+    """Go's ``strconv.Atoi`` for flag values: sign and ASCII digits, int64 range."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if not _INT.match(text) or not -(1 << 63) <= int(text) < (1 << 63):
+            self.fail(f"invalid integer {value!r}", param, ctx)
+        return int(text)
+
+
+GO_INT: Final = _GoInt()
+
+
+@dataclass(frozen=True)
+class SubscribeSettings:
+    """Flags of ``inferencecache subscribe``."""
+
+    replica_id: str = setting("", required=True, help="Replica identity (sidecar: pod name).")
+    model_id: str = setting("", required=True, help="Served model id (an index key).")
+    engine_endpoint: str = setting(
+        "tcp://127.0.0.1:5557", param=ZMQ_ENDPOINT, help="Engine PUB endpoint to connect to."
+    )
+    topic: str = setting("", help='SUB prefix filter; "" receives every topic.')
+    server: HostPort = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
+        DEFAULT_SERVER, param=HOST_PORT, help="Server gRPC address (plaintext)."
+    )
+    tenant_id: str = setting("default", help="Tenant (sidecar: pod namespace).")
+    hash_scheme: str = setting(
+        "vllm", help="Hash scheme stamped on every report; 'sglang' selects the SGLang stats."
+    )
+    window: float = setting(
+        DEFAULT_WINDOW, param=DURATION, help="Add debounce window (<=0: 100ms)."
+    )
+    engine_metrics_url: str = setting(
+        "http://127.0.0.1:8000/metrics", help='Engine Prometheus URL for stats ("" disables).'
+    )
+    stats_interval: float = setting(
+        DEFAULT_STATS_INTERVAL, param=DURATION, help="Stats cadence (<=0: 10s)."
+    )
+    engine_cache_size_bytes: int = setting(
+        0, param=GO_INT, help="Engine KV capacity in bytes, for cache_memory_bytes."
+    )
+    max_concurrency_ceiling: int = setting(
+        256, param=GO_INT, help="Running+waiting requests that count as pressure 1."
+    )
+    cache_tier: str = setting("auto", help="Usage gauge: auto, kv, gpu or cpu.")
+    engine_model_name: str = setting("", help='model_name label filter ("" = all series).')
+    ignore_block_removed: bool = setting(
+        False, param=GO_BOOL, help="Replica has an invisible L2 tier: GPU removals become T2."
+    )
+    lora_adapter_names: str = setting("", help='LoRA id=name table, e.g. "1=sql-lora,2=chat".')
+    block_size: int = setting(
+        16, param=GO_INT, help="Engine block (SGLang page) size; must equal the server's."
+    )
+    replay_endpoint: str = setting(
+        "", param=ZMQ_ENDPOINT, help='Engine replay ROUTER endpoint ("" disables replay).'
+    )
+    trust_lora_name: bool = setting(
+        True, param=GO_BOOL, help="Use an event's lora_name as the adapter identity."
+    )
+    metrics_address: HostPort = setting(  # noqa: RUF009 - setting() returns a field
+        DEFAULT_METRICS_ADDRESS, param=HOST_PORT, help="host:port for /metrics and /healthz."
+    )
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise ValueError("missing --replica-id")
+        if not self.model_id:
+            raise ValueError("missing --model-id")
+        if not self.hash_scheme:
+            raise ValueError("--hash-scheme must not be empty")
+        if self.cache_tier not in CACHE_TIERS:
+            raise ValueError(
+                f"--cache-tier: invalid value {self.cache_tier!r} (want auto, kv, gpu or cpu)"
+            )
+        if self.block_size < 1:
+            raise ValueError(f"--block-size: must be >= 1, got {self.block_size}")
+        try:
+            parse_adapter_names(self.lora_adapter_names)
+        except ValueError as e:
+            raise ValueError(f"--lora-adapter-names: {e}") from None
+
+    @property
+    def adapter_names(self) -> dict[int, str]:
+        """The parsed ``--lora-adapter-names`` table (validated at construction)."""
+        return parse_adapter_names(self.lora_adapter_names)
+
+    @property
+    def effective_window(self) -> float:
+        """The add debounce window; non-positive means the 100 ms default."""
+        return self.window if self.window > 0 else DEFAULT_WINDOW
+
+    @property
+    def effective_stats_interval(self) -> float:
+        """The stats cadence; non-positive means the 10 s default."""
+        return self.stats_interval if self.stats_interval > 0 else DEFAULT_STATS_INTERVAL

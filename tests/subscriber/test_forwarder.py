@@ -1,0 +1,363 @@
+"""Batching, ordered RPCs, backoff and resync against a real gRPC server on loopback
+(subscriber spec §3.5, §3.7, §13 items 42, 48-55)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from inferencecache.subscriber.client import CacheClient
+from inferencecache.subscriber.forwarder import Forwarder
+from inferencecache.subscriber.mapping import Block
+from inferencecache.subscriber.messages import ALL_CLEARED, PREFIX_EVICTED, Entry, Identity
+from inferencecache.subscriber.metrics import SubscriberMetrics
+from inferencecache.subscriber.resync import watch_connectivity
+from inferencecache.subscriber.tiers import GPU_ONLY, T1, T2
+from tests.subscriber.recorder import RecordingServer
+
+IDENT = Identity("replica-a", "model-x", "tenant-t", "vllm")
+
+
+async def eventually(check: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def entry(i: int, tier: int = T1, adapter: str = "") -> Entry:
+    return (i.to_bytes(8, "big"), 16 * (i % 100 + 1), adapter, tier)
+
+
+class Rig:
+    """A forwarder wired to a real server; the snapshot comes from ``state``."""
+
+    def __init__(self, address: str, window: float = 0.02, deadline: float = 5.0,
+                 **kw: Any) -> None:
+        self.client = CacheClient(address, deadline=deadline)
+        self.metrics = SubscriberMetrics()
+        self.state: list[Block] = []
+        self.fwd = Forwarder(self.client, IDENT, self.metrics, window=window,
+                             snapshot=lambda: [list(self.state)], **kw)
+        self.task = asyncio.create_task(self.fwd.run())
+
+    def value(self, name: str, **labels: str) -> float:
+        v = self.metrics.registry.get_sample_value(
+            "inferencecache_subscriber_" + name, labels or None)
+        return 0.0 if v is None else v
+
+    async def close(self, timeout: float = 5.0) -> None:
+        self.fwd.close()
+        try:
+            await asyncio.wait_for(self.task, timeout)
+        finally:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+            await self.client.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RecordingServer]:
+    async with RecordingServer() as srv:
+        yield srv
+
+
+async def test_s13_49_adds_within_the_window_go_out_as_one_update(
+    server: RecordingServer,
+) -> None:
+    rig = Rig(server.address, window=0.02)
+    t0 = time.monotonic()
+    rig.fwd.add_many([entry(1), entry(2)], 1_000_000)
+    rig.fwd.add_many([entry(3)], 2_000_000)
+    await server.servicer.wait_for(lambda: server.servicer.updates())
+    assert time.monotonic() - t0 < 2.0  # the window (20 ms), not a stall
+    assert server.servicer.streams == 1
+    assert [p[0] for p in server.servicer.prefixes()] == [entry(i)[0].hex() for i in (1, 2, 3)]
+    await rig.close()
+
+
+async def test_s13_50_4096_pending_entries_flush_at_once(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(i) for i in range(4095)], 1)
+    await asyncio.sleep(0.2)
+    assert server.servicer.updates() == []  # below the bound: waits for the 60 s window
+    rig.fwd.add_many([entry(4095)], 1)
+    await server.servicer.wait_for(lambda: server.servicer.updates())
+    assert len(server.servicer.updates()[0].prefixes) == 4096
+    await rig.close()
+
+
+async def test_big_events_are_split_into_bounded_updates(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(i) for i in range(10000)], 1)
+    await server.servicer.wait_for(lambda: len(server.servicer.prefixes()) == 10000)
+    assert [len(u.prefixes) for u in server.servicer.updates()] == [4096, 4096, 1808]
+    await rig.close()
+
+
+async def test_s13_51_52_update_identity_and_timestamp(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=0.02)
+    rig.fwd.add_many([entry(1)], 1_500_000)
+    rig.fwd.add_many([entry(2)], 0)  # a batch with ts <= 0 does not reset the stamp
+    await server.servicer.wait_for(lambda: server.servicer.updates())
+    u = server.servicer.updates()[0]
+    assert (u.replica_id, u.model_id, u.tenant_id, u.hash_scheme) == (
+        "replica-a", "model-x", "tenant-t", "vllm")
+    assert u.timestamp_us == 1_500_000 and u.adapter_id == "" and not u.HasField("stats")
+    rig.fwd.add_many([entry(3)], 0)
+    await server.servicer.wait_for(lambda: len(server.servicer.updates()) == 2)
+    assert server.servicer.updates()[1].timestamp_us == 0
+    await rig.close()
+
+
+async def test_s13_42_adds_reach_the_server_before_the_eviction(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(1)], 5)
+    rig.fwd.flush()
+    rig.fwd.evict(entry(1)[0], "sql-lora", 7)
+    await server.servicer.wait_for(lambda: len(server.servicer.log) == 2)
+    assert server.servicer.kinds() == ["update", "PREFIX_EVICTED"]
+    ev = server.servicer.events()[0]
+    assert (ev.prefix_hash, ev.adapter_id, ev.timestamp_us) == (entry(1)[0], "sql-lora", 7)
+    assert (ev.replica_id, ev.model_id, ev.tenant_id) == ("replica-a", "model-x", "tenant-t")
+    await rig.close()
+
+
+async def test_s13_43_t2_report_is_its_own_update_with_the_eviction_ts(
+    server: RecordingServer,
+) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(1)], 5)
+    rig.fwd.flush()
+    rig.fwd.report([entry(1, T2)], 9)
+    rig.fwd.add_many([entry(2)], 11)
+    rig.fwd.flush()
+    await server.servicer.wait_for(lambda: len(server.servicer.updates()) == 3)
+    ts = [u.timestamp_us for u in server.servicer.updates()]
+    tiers = [[p.tier for p in u.prefixes] for u in server.servicer.updates()]
+    assert ts == [5, 9, 11] and tiers == [[T1], [T2], [T1]]
+    await rig.close()
+
+
+async def test_s13_48_clear_discards_pending_adds(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(1)], 5)
+    rig.fwd.clear(6)
+    await server.servicer.wait_for(lambda: server.servicer.log)
+    await asyncio.sleep(0.1)
+    assert server.servicer.kinds() == ["ALL_CLEARED"]
+    assert server.servicer.events()[0].timestamp_us == 6
+    assert server.servicer.events()[0].prefix_hash == b""
+    await rig.close()
+
+
+async def test_s13_55_closing_flushes_pending_adds(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.fwd.add_many([entry(1), entry(2)], 5)
+    await rig.close()
+    assert len(server.servicer.prefixes()) == 2
+    assert rig.value("prefixes_reported_total", tier="T1") == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_s13_53_failing_server_drops_with_warnings_and_returns_on_close(
+    server: RecordingServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.servicer.fail = True
+    rig = Rig(server.address, window=0.01)
+    for i in range(30):
+        rig.fwd.add_many([entry(i)], 1)
+        rig.fwd.evict(entry(i)[0], "", 1)
+        await asyncio.sleep(0.02)
+    assert any(r.getMessage().startswith("report send failed; dropping batch")
+               or r.getMessage() == "publish event failed; dropping"
+               for r in caplog.records if r.levelno == logging.WARNING)
+    # Backoff: far fewer attempts than items (about 5 in 0.6 s, not 60).
+    assert server.servicer.attempts <= 8
+    assert rig.value("rpc_failures_total", rpc="ReportCacheState") + rig.value(
+        "rpc_failures_total", rpc="PublishEvent") >= 1
+    assert rig.value("adds_not_sent_total") >= 20
+    t0 = time.monotonic()
+    await rig.close(timeout=2.0)
+    assert time.monotonic() - t0 < 2.0
+
+
+async def test_s13_53_each_rpc_has_a_deadline(server: RecordingServer) -> None:
+    server.servicer.hang = 3.0
+    rig = Rig(server.address, window=0.01, deadline=0.3)
+    rig.fwd.add_many([entry(1)], 1)
+    await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    while rig.value("rpc_failures_total", rpc="ReportCacheState") < 1:
+        assert time.monotonic() - t0 < 2.0, "the RPC was not cut by its deadline"
+        await asyncio.sleep(0.02)
+    server.servicer.hang = 0
+    await rig.close(timeout=3.0)
+
+
+async def test_s13_54_unreachable_server_never_blocks_the_caller() -> None:
+    rig = Rig(f"127.0.0.1:{_free_port()}", window=0.01)
+    t0 = time.monotonic()
+    for i in range(2000):
+        rig.fwd.add_many([entry(i)], 1)  # synchronous, never awaits the network
+    assert time.monotonic() - t0 < 1.0
+    await asyncio.sleep(0.3)
+    assert rig.value("adds_not_sent_total") >= 1
+    await rig.close(timeout=2.0)
+
+
+async def test_resync_after_failures_resends_state_at_ts_zero(server: RecordingServer) -> None:
+    server.servicer.fail = True
+    rig = Rig(server.address, window=0.01)
+    rig.state = [(entry(i)[0], 16, "a" if i % 2 else "", GPU_ONLY) for i in range(5)]
+    rig.fwd.add_many([entry(100)], 1)
+    await asyncio.sleep(0.2)
+    assert rig.value("rpc_failures_total", rpc="ReportCacheState") >= 1
+    server.servicer.fail = False
+    await server.servicer.wait_for(lambda: len(server.servicer.prefixes()) >= 5)
+    u = server.servicer.updates()[0]
+    assert u.timestamp_us == 0
+    assert {(p.prefix_hash, p.adapter_id, p.tier) for p in u.prefixes} == {
+        (entry(i)[0], "a" if i % 2 else "", T1) for i in range(5)}
+    await eventually(lambda: rig.value("resyncs_total") == 1)
+    assert rig.value("resync_entries_total") == 5
+    await rig.close()
+
+
+async def test_resync_after_a_lost_removal_clears_first(server: RecordingServer) -> None:
+    server.servicer.fail = True
+    rig = Rig(server.address, window=0.01)
+    rig.state = [(entry(1)[0], 16, "", GPU_ONLY)]
+    rig.fwd.evict(entry(9)[0], "", 3)
+    await asyncio.sleep(0.15)
+    server.servicer.fail = False
+    await server.servicer.wait_for(lambda: server.servicer.updates())
+    assert server.servicer.kinds()[:2] == ["ALL_CLEARED", "update"]
+    assert server.servicer.events()[0].type == ALL_CLEARED
+    await rig.close()
+
+
+async def test_queued_removals_survive_a_resync(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.state = [(entry(1)[0], 16, "", GPU_ONLY)]
+    rig.fwd.request_resync()
+    rig.fwd.evict(entry(9)[0], "", 3)
+    await server.servicer.wait_for(lambda: len(server.servicer.log) >= 2)
+    assert server.servicer.kinds() == ["PREFIX_EVICTED", "update"]
+    assert server.servicer.events()[0].type == PREFIX_EVICTED
+    await rig.close()
+
+
+async def test_full_send_queue_drops_adds_and_resyncs_later(server: RecordingServer) -> None:
+    server.servicer.hang = 0.3
+    rig = Rig(server.address, window=60.0, max_pending=10, max_queued_entries=20)
+    rig.state = [(entry(i)[0], 16, "", GPU_ONLY) for i in range(3)]
+    for i in range(100):
+        rig.fwd.add_many([entry(i)], 1)
+    assert rig.value("adds_not_sent_total") >= 70
+    server.servicer.hang = 0
+    await server.servicer.wait_for(lambda: rig.value("resyncs_total") >= 1)
+    await rig.close()
+
+
+async def test_s13_resync_when_the_server_restarts_while_quiet() -> None:
+    """Trigger (2): the channel is lost and back with no RPC failing in between."""
+    port = _free_port()
+    first = await RecordingServer(port).start()
+    rig = Rig(f"127.0.0.1:{port}", window=0.01)
+    watcher = asyncio.create_task(watch_connectivity(rig.client.channel,
+                                                     rig.fwd.request_resync))
+    rig.state = [(entry(1)[0], 16, "", GPU_ONLY), (entry(2)[0], 32, "", GPU_ONLY)]
+    rig.fwd.add_many([entry(1), entry(2)], 1)
+    await first.servicer.wait_for(lambda: first.servicer.updates())
+    await first.stop()
+    await asyncio.sleep(0.3)
+    second = await RecordingServer(port).start()
+    try:
+        await second.servicer.wait_for(lambda: len(second.servicer.prefixes()) == 2, timeout=5.0)
+        assert second.servicer.updates()[0].timestamp_us == 0
+        await eventually(lambda: rig.value("resyncs_total") == 1)
+        assert rig.value("rpc_failures_total", rpc="ReportCacheState") == 0
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await rig.close()
+        await second.stop()
+
+
+def _apply(state: dict[tuple[bytes, str], int], log: list[tuple[str, Any, float]]) -> None:
+    """The server's effect (contract §4.2, §4.4) of what it received, in arrival order."""
+    for kind, msg, _ in log:
+        if kind == "update":
+            for p in msg.prefixes:
+                state[(p.prefix_hash, p.adapter_id)] = p.tier
+        elif msg.type == PREFIX_EVICTED:
+            for key in [k for k in state if k[0] == msg.prefix_hash
+                        and (not msg.adapter_id or k[1] == msg.adapter_id)]:
+                del state[key]
+        elif msg.type == ALL_CLEARED:
+            state.clear()
+
+
+async def test_reordered_runs_reach_the_same_final_state_as_strict_order(
+    server: RecordingServer,
+) -> None:
+    """Adds and evictions are merged into "one update, then evictions" only where that cannot
+    change the result: the server ends in the state the strict spec order gives."""
+    import random
+
+    for seed in range(25):
+        rng = random.Random(seed)
+        server.servicer.log.clear()
+        rig = Rig(server.address, window=60.0)
+        expected: dict[tuple[bytes, str], int] = {}
+        for _ in range(rng.randint(5, 60)):
+            prefix = rng.randrange(6).to_bytes(8, "big")
+            adapter = rng.choice(["", "", "a", "b"])
+            op = rng.random()
+            if op < 0.5:
+                tier = rng.choice([T1, T2])
+                rig.fwd.add_many([(prefix, 16, adapter, tier)], 1)
+                expected[(prefix, adapter)] = tier
+            elif op < 0.9:
+                rig.fwd.flush()  # the mapper flushes before every removal
+                rig.fwd.evict(prefix, adapter, 1)
+                for key in [k for k in expected if k[0] == prefix and (not adapter
+                                                                      or k[1] == adapter)]:
+                    del expected[key]
+            elif op < 0.95:
+                rig.fwd.flush()
+                rig.fwd.report([(prefix, 16, adapter, T2)], 1)
+                expected[(prefix, adapter)] = T2
+            else:
+                rig.fwd.clear(1)
+                expected.clear()
+        await rig.close()
+        got: dict[tuple[bytes, str], int] = {}
+        _apply(got, server.servicer.log)
+        assert got == expected, seed
+
+
+async def test_full_cache_pattern_needs_few_round_trips(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    for i in range(50):  # evict an old block, store a new one (a full engine cache)
+        rig.fwd.flush()
+        rig.fwd.evict(entry(1000 + i)[0], "", 1)
+        rig.fwd.add_many([entry(i)], 1)
+    await rig.close()
+    assert len(server.servicer.prefixes()) == 50 and len(server.servicer.events()) == 50
+    assert server.servicer.streams <= 3  # not one update per stored block
