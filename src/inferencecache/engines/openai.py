@@ -1,0 +1,406 @@
+"""The simulated engine server: ``inferencecache fake-engine --workload simulated``.
+
+An OpenAI-compatible engine whose "GPU" is :class:`~.simulated.EngineModel` running in real time:
+
+* ``POST /v1/completions`` and ``/v1/chat/completions`` (streaming or not). Prompts are token ids,
+  or text tokenized exactly as the gateway does (``inferencecache.tokenize.openai``, with the
+  models of ``--tokenizer-dir``). The response (or the first SSE chunk) is sent when the prompt's
+  prefill ends, so the client's time to first token is queueing + prefill of uncached tokens; the
+  rest follows when decoding ends. ``usage.prompt_tokens_details.cached_tokens`` is the hit.
+* ``GET /v1/models``: the base model (``--model-name``) and the LoRA adapters of
+  ``--lora-adapters`` with ``parent`` = the base model, as vLLM lists them.
+* ``GET /metrics`` (vLLM names: running/waiting, prefix-cache queries/hits, KV usage) and
+  ``GET /health``.
+* ``POST /reset_prefix_cache`` (vLLM's endpoint): forget every block, publish AllBlocksCleared.
+* ``POST /debug/cache/match`` ``{"model", "tokens"}`` → ``{"matched_tokens": n}``: the oracle
+  policy's view (docs/gateway.md), read-only.
+
+Every store and eviction is published as real KV events (one batch per admission) by the
+fake engine's :class:`~.publisher.EventPublisher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+import zmq.asyncio
+from aiohttp import web
+
+from inferencecache.config import parse_host_port
+from inferencecache.engines.metrics import EngineMetrics, MetricsPage
+from inferencecache.engines.publisher import EventPublisher
+from inferencecache.engines.settings import FakeEngineSettings
+from inferencecache.engines.simulated import Admitted, EngineModel, EngineParams
+from inferencecache.subscriber.lora import parse_adapter_names
+from inferencecache.tokenize.openai import (
+    EngineTokenizer,
+    PromptError,
+    UnsupportedPrompt,
+    chat_prompt_ids,
+    completion_prompt_ids,
+    load_engine_tokenizers,
+)
+
+log = logging.getLogger("inferencecache.engines")
+
+MATCH_PATH: Final = "/debug/cache/match"
+RESET_PATH: Final = "/reset_prefix_cache"
+DEFAULT_MAX_TOKENS: Final = 16
+MAX_BODY: Final = 64 * 1024 * 1024
+
+
+class _Error(Exception):
+    """An OpenAI-style error answer."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": str(self), "type": self.kind, "param": None,
+                          "code": self.status}}
+        return web.json_response(body, status=self.status)
+
+
+class SimulatedEngine:
+    """Engine model + publisher + metrics behind the OpenAI routes (one replica)."""
+
+    def __init__(
+        self,
+        params: EngineParams,
+        publisher: EventPublisher,
+        metrics: EngineMetrics,
+        *,
+        model_name: str,
+        adapters: Mapping[int, str] | None = None,
+        tokenizers: Mapping[str, EngineTokenizer] | None = None,
+    ) -> None:
+        self.params = params
+        self.model: EngineModel[asyncio.Future[Admitted[Any]]] = EngineModel(params)
+        self.publisher = publisher
+        self.metrics = metrics
+        self.model_name = model_name
+        self.adapters = {name: lora_id for lora_id, name in (adapters or {}).items()}
+        self.tokenizers = dict(tokenizers or {})
+        self.write_lora_name = "lora_name" in publisher.format.stored_fields
+        self.created = int(time.time())
+        self.requests_served = 0
+
+    # -- routes -----------------------------------------------------------------------------------
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post(RESET_PATH, self._reset)
+        app.router.add_post(MATCH_PATH, self._match)
+
+    def _adapter(self, model: Any) -> str:
+        """``""`` for the base model, the adapter name for a LoRA adapter; 404 otherwise."""
+        if model == self.model_name:
+            return ""
+        if isinstance(model, str) and model in self.adapters:
+            return model
+        raise _Error(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            data = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _Error(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise _Error(400, "request body must be a JSON object")
+        return data
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        def entry(mid: str, parent: str | None) -> dict[str, Any]:
+            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
+                    "root": mid, "parent": parent, "max_model_len": None}
+
+        data = [entry(self.model_name, None)]
+        data += [entry(a, self.model_name) for a in sorted(self.adapters)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _reset(self, _request: web.Request) -> web.Response:
+        self.model.reset_cache()
+        self.publisher.clear()
+        self.publisher.end_step()
+        self.metrics.kv_cache_usage.set(self.model.usage())
+        log.info("prefix cache reset")
+        return web.Response(text="")
+
+    async def _match(self, request: web.Request) -> web.Response:
+        try:
+            data = await self._json(request)
+            adapter = self._adapter(data.get("model"))
+            tokens = data.get("tokens")
+            if not isinstance(tokens, list) or not all(
+                type(t) is int and 0 <= t <= 0xFFFFFFFF for t in tokens
+            ):
+                raise _Error(400, "'tokens' must be a list of token ids")
+        except _Error as e:
+            return e.response()
+        cache = self.model.cache
+        matched = cache.match(cache.chain(tokens, adapter)) * cache.block_size
+        return web.json_response({"matched_tokens": matched})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def _prompt(self, data: dict[str, Any], chat: bool) -> list[int]:
+        tok = self.tokenizers.get(self.model_name)
+        try:
+            ids = chat_prompt_ids(tok, data) if chat else completion_prompt_ids(tok, data)
+        except PromptError as e:
+            raise _Error(400, str(e)) from None
+        except UnsupportedPrompt as e:
+            raise _Error(400, f"cannot tokenize this prompt: {e} (send token ids, or start "
+                         "the engine with --tokenizer-dir)") from None
+        if not ids:
+            raise _Error(400, "the prompt is empty")
+        return ids
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            data = await self._json(request)
+            model = data.get("model")
+            adapter = self._adapter(model)
+            tokens = self._prompt(data, chat)
+            max_tokens = data.get("max_completion_tokens" if chat else "max_tokens")
+            if max_tokens is None and chat:
+                max_tokens = data.get("max_tokens")
+            if max_tokens is None:
+                max_tokens = DEFAULT_MAX_TOKENS
+            if type(max_tokens) is not int or max_tokens < 1:
+                raise _Error(400, "max_tokens must be a positive integer")
+            stream = data.get("stream") is True
+            try:
+                self.model.check(tokens)
+            except ValueError as e:
+                raise _Error(400, str(e)) from None
+        except _Error as e:
+            return e.response()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Admitted[Any]] = loop.create_future()
+        self.model.submit(fut, tokens, adapter, max_tokens, loop.time())
+        self._pump()
+        admitted = False
+        try:
+            adm = await fut
+            admitted = True
+            return await self._respond(request, data, adm, str(model), chat, stream, max_tokens)
+        finally:
+            if admitted:
+                self.model.finish()
+            else:
+                self.model.cancel(fut)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Admit what fits; publish each admission's events and wake its handler."""
+        loop = asyncio.get_running_loop()
+        for adm in self.model.schedule(loop.time()):
+            self._publish(adm)
+            fut = adm.key
+            if not fut.done():
+                fut.set_result(adm)
+        m = self.metrics
+        m.running.set(self.model.running)
+        m.waiting.set(self.model.num_waiting)
+
+    def _publish(self, adm: Admitted[Any]) -> None:
+        ins = adm.inserted
+        m = self.metrics
+        m.prefix_cache_queries.inc(adm.prompt_tokens)
+        m.prefix_cache_hits.inc(adm.hit_tokens)
+        m.kv_cache_usage.set(self.model.usage())
+        pub = self.publisher
+        for h in ins.evicted:
+            pub.remove([h])
+        if ins.stored:
+            adapter = adm.adapter
+            lora_id = self.adapters.get(adapter) if adapter else None
+            lora_name = adapter if adapter and self.write_lora_name else None
+            pub.store(list(ins.stored), ins.parent, ins.stored_tokens, self.params.block_size,
+                      lora_id=lora_id, lora_name=lora_name)
+        pub.end_step()
+
+    async def _respond(
+        self,
+        request: web.Request,
+        data: dict[str, Any],
+        adm: Admitted[Any],
+        model: str,
+        chat: bool,
+        stream: bool,
+        max_tokens: int,
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        usage = {
+            "prompt_tokens": adm.prompt_tokens,
+            "total_tokens": adm.prompt_tokens + max_tokens,
+            "completion_tokens": max_tokens,
+            "prompt_tokens_details": {"cached_tokens": adm.hit_tokens},
+        }
+        await asyncio.sleep(max(0.0, adm.first_token_at - loop.time()))
+        self.requests_served += 1
+        if not stream:
+            await asyncio.sleep(max(0.0, adm.finish_at - loop.time()))
+            text = _text(max_tokens)
+            if chat:
+                choice: dict[str, Any] = {
+                    "index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                }
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None,
+                          "finish_reason": "length", "stop_reason": None}
+            return web.json_response({
+                "id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": created, "model": model, "choices": [choice], "usage": usage,
+            })
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text: str, finish: str | None, first: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {"content": text}
+                if first:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            body = {"id": rid, "object": obj, "created": created, "model": model,
+                    "choices": [choice]}
+            return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+        await resp.write(chunk(_text(1), "length" if max_tokens == 1 else None, True))
+        if max_tokens > 1:
+            await asyncio.sleep(max(0.0, adm.finish_at - loop.time()))
+            await resp.write(chunk(_text(max_tokens - 1), "length"))
+        opts = data.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage") is True:
+            body = {"id": rid, "object": obj, "created": created, "model": model,
+                    "choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _text(n: int) -> str:
+    """``n`` output tokens of filler text (the simulated engine computes nothing)."""
+    return " x" * n
+
+
+def engine_params(s: FakeEngineSettings) -> EngineParams:
+    """The model parameters the fake-engine flags describe."""
+    return EngineParams(
+        block_size=s.block_size,
+        num_blocks=s.gpu_blocks,
+        max_num_seqs=s.max_num_seqs,
+        prefill_ms_per_token=s.prefill_ms_per_token,
+        decode_ms_per_token=s.decode_ms_per_token,
+        prefill_base_ms=s.prefill_base_ms,
+    )
+
+
+async def serve(s: FakeEngineSettings) -> int:
+    """Run the simulated engine until SIGINT/SIGTERM; 1 when a listener cannot be bound."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    tokenizers: dict[str, EngineTokenizer] = {}
+    if s.tokenizer_dir:
+        try:
+            tokenizers = load_engine_tokenizers(s.tokenizer_dir)
+        except Exception as e:
+            log.error("cannot load --tokenizer-dir", extra={"err": str(e)})
+            return 1
+    ctx = zmq.asyncio.Context()
+    publisher = EventPublisher(
+        ctx,
+        endpoint=s.bind,
+        topic=s.topic,
+        fmt=s.wire_format,
+        replay_endpoint=s.replay_endpoint,
+        buffer_steps=s.buffer_steps,
+        rank=s.data_parallel_rank,
+    )
+    metrics = EngineMetrics(s.model_name)
+    engine = SimulatedEngine(
+        engine_params(s),
+        publisher,
+        metrics,
+        model_name=s.model_name,
+        adapters=parse_adapter_names(s.lora_adapters),
+        tokenizers=tokenizers,
+    )
+    app = web.Application(client_max_size=MAX_BODY)
+    MetricsPage(metrics).routes(app)
+    engine.routes(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    http = ""
+    try:
+        publisher.start()
+        await runner.setup()
+        addr = parse_host_port(s.http_address or "127.0.0.1:8000")
+        site = web.TCPSite(runner, addr.host or None, addr.port, reuse_address=True)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        port = sockets[0].getsockname()[1] if sockets else addr.port
+        http = f"{addr.host}:{port}"
+    except (zmq.ZMQError, OSError) as e:
+        log.error("simulated engine failed to start", extra={"err": str(e)})
+        await runner.cleanup()
+        await publisher.close()
+        ctx.destroy(linger=0)
+        return 1
+    p = engine.params
+    log.info(
+        "simulated engine ready",
+        extra={
+            "endpoint": publisher.endpoint,
+            "replay_endpoint": publisher.replay_endpoint,
+            "http_address": http,
+            "model_name": s.model_name,
+            "adapters": sorted(engine.adapters),
+            "block_size": p.block_size,
+            "gpu_blocks": p.num_blocks,
+            "max_num_seqs": p.max_num_seqs,
+            "prefill_ms_per_token": p.prefill_ms_per_token,
+            "decode_ms_per_token": p.decode_ms_per_token,
+            "tokenizers": sorted(tokenizers),
+        },
+    )
+    await stop.wait()
+    with contextlib.suppress(Exception):
+        await runner.cleanup()
+    await publisher.close()
+    ctx.destroy(linger=0)
+    log.info(
+        "simulated engine stopped",
+        extra={"requests": engine.requests_served, "batches": publisher.batches_published},
+    )
+    return 0

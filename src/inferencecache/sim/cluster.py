@@ -1,0 +1,109 @@
+"""The cluster both ``demo`` and ``simulate`` measure by default, and the policies' parameters.
+
+One place, so the demo (real processes) and the simulator (simulated time) run the same
+engines, workloads and policy settings and their tables can be compared line by line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from inferencecache.engines.simulated import EngineParams
+from inferencecache.routing.registry import POLICY_NAMES, parse_params
+
+DEFAULT_REPLICAS: Final = 8
+DEFAULT_GATEWAYS: Final = 2  # gateway replicas (an HA deployment runs at least two)
+DEFAULT_RATE: Final = 40.0  # requests per second offered to the whole cluster
+DEFAULT_ENGINE: Final = EngineParams(
+    block_size=32,  # vLLM's CPU build's block size; half the KV events of 16 for the same tokens
+    num_blocks=128,  # 4096 tokens per replica
+    max_num_seqs=16,
+    prefill_ms_per_token=0.1,
+    decode_ms_per_token=2.0,
+    prefill_base_ms=1.0,
+)
+DEFAULT_POLICIES: Final = POLICY_NAMES
+MODEL: Final = "sim-model"
+TENANT: Final = "default"
+STATS_INTERVAL_S: Final = 1.0  # the demo's subscribers scrape engine metrics every second
+MIN_MATCH_FRACTION: Final = 0.3  # a prefix match covering less of the prompt is not worth a queue
+
+
+def max_concurrency_ceiling(engine: EngineParams) -> int:
+    """The subscribers' pressure denominator: a replica is fully pressed at ``max_num_seqs``."""
+    return engine.max_num_seqs
+
+
+def default_policy_params(engine: EngineParams) -> dict[str, dict[str, Any]]:
+    """Policy parameters the comparison uses unless overridden.
+
+    ``approximate`` gets the engines' real cache size (a fair baseline: an operator sizes a
+    history router's tree to the engines' caches). The three prefix-aware policies get the same
+    load guard: leave a replica whose in-flight count exceeds the least loaded one's by more
+    than a quarter of its sequence slots (and by 1.5x), as SGLang's cache-aware router does;
+    ``approximate`` and ``cache_aware`` both ignore a prefix match covering less than 30% of the
+    prompt (SGLang's ``cache_threshold``). ``oracle`` keeps pure longest-prefix (plus the guard).
+    """
+    guard = {"balance_abs_threshold": max(1, engine.max_num_seqs // 4)}
+    return {
+        "approximate": {
+            "capacity_blocks": max(1, engine.num_blocks),
+            "match_threshold": MIN_MATCH_FRACTION,
+            **guard,
+        },
+        "cache_aware": {"min_match_fraction": MIN_MATCH_FRACTION, **guard},
+        "oracle": dict(guard),
+    }
+
+
+def parse_policy_params(text: str) -> dict[str, dict[str, Any]]:
+    """``"approximate:capacity_blocks=512,balance_abs_threshold=4;cache_aware:follow_ranked=0"``.
+
+    Policies separated by ``;``, each ``name:k=v,...``; ValueError names the bad part.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for raw in text.split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, params = item.partition(":")
+        name = name.strip()
+        if not sep:
+            raise ValueError(f"{item!r} is not policy:k=v,...")
+        out[name] = parse_params(params, name)
+    return out
+
+
+def merged_params(
+    engine: EngineParams, overrides: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Defaults for ``engine`` with ``overrides`` applied per policy."""
+    params = default_policy_params(engine)
+    for name, kv in overrides.items():
+        params.setdefault(name, {}).update(kv)
+    return params
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    """``k=v,...`` as the gateway's ``--routing-params`` reads it (bools as Go booleans)."""
+    parts = []
+    for k, v in params.items():
+        parts.append(f"{k}={str(v).lower() if isinstance(v, bool) else v}")
+    return ",".join(parts)
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"round_robin,cache_aware"`` -> names, checked and de-duplicated in order."""
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if name not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError("no policy given")
+    return names

@@ -1,0 +1,560 @@
+"""The cluster simulator: routing policies over simulated engines, in simulated time.
+
+A discrete-event loop with no sockets and no sleeping. What runs is the real code everywhere it
+matters: the routing policies (:mod:`inferencecache.routing`), the engine model shared with the
+simulated engine server (:class:`~inferencecache.engines.simulated.EngineModel`), the
+subscriber's block → fingerprint mapping (:class:`~inferencecache.subscriber.mapping.BlockMapper`)
+and the index (:class:`~inferencecache.index.Index` + :class:`~inferencecache.index.Router`).
+What is modelled: the subscriber's add window (adds reach the index at the next window tick plus a
+transport delay; evictions and clears after the transport delay, adds first), its stats reports
+(every ``stats_interval``: pressure = engine load / ``max_concurrency_ceiling``, hit rate from the
+counter deltas), and the gateway's in-flight count (passed to every policy as ``load``).
+
+Per request: fingerprint the prompt, ask the hint plane (``cache_aware``) or read every engine's
+cache (``oracle``), let the policy choose, submit to that engine. An engine admits up to
+``max_num_seqs`` sequences, prefills the uncached tokens in FIFO order, and frees the slot after
+decoding; TTFT = first token time - arrival.
+"""
+
+from __future__ import annotations
+
+import array
+import functools
+import heapq
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferencecache import fingerprint
+from inferencecache.engines.simulated import Admitted, EngineModel, EngineParams
+from inferencecache.index import (
+    Event,
+    EventType,
+    FakeClock,
+    Index,
+    IndexSettings,
+    LookupRequest,
+    Prefix,
+    Router,
+    Stats,
+    Update,
+)
+from inferencecache.kvevents.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodedBatch,
+)
+from inferencecache.routing import Hint, RouteInput, RoutingPolicy, make_policy
+from inferencecache.sim.workloads import Request, WorkloadSpec, generate
+from inferencecache.subscriber.lora import LoraResolver
+from inferencecache.subscriber.mapping import BlockMapper
+from inferencecache.subscriber.messages import Entry
+from inferencecache.subscriber.metrics import SubscriberMetrics
+
+EPOCH_US = 1_700_000_000_000_000
+"""Wall-clock time (µs) of simulated time 0 for the index's clock."""
+WARMUP_S = 1.0
+"""The workload starts this long after the warm-up requests."""
+WARMUP_TOKENS = 32
+
+
+def warmup_tokens(replica: str) -> array.array[int]:
+    """The warm-up prompt of one replica (unique to it, shared with no workload)."""
+    return array.array("I", random.Random(f"warmup:{replica}").choices(range(65_536), k=32))
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run: a workload through one policy over ``replicas`` engines."""
+
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    policy: str = "cache_aware"
+    policy_params: tuple[tuple[str, Any], ...] = ()
+    replicas: int = 4
+    engine: EngineParams = field(default_factory=EngineParams)
+    tenant_id: str = "default"  # the index tenant every subscriber reports under
+    hash_scheme: str = "vllm"
+    window_s: float = 0.1  # subscriber add window (--window)
+    transport_s: float = 0.002  # subscriber -> server delivery delay
+    stats_interval_s: float = 1.0  # subscriber --stats-interval
+    max_concurrency_ceiling: int = 16  # subscriber --max-concurrency-ceiling
+    pressure_weight: float = 1.0  # server --pressure-weight
+    gateways: int = 1  # gateway replicas, each with its own policy state and in-flight counts
+    # One short request per engine before the workload (as the demo does), so the index knows
+    # every replica before the first routed request; the workload starts WARMUP_S later.
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        if self.gateways < 1:
+            raise ValueError("gateways must be >= 1")
+        for name in ("window_s", "transport_s", "stats_interval_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a non-negative number")
+        if self.window_s <= 0 or self.stats_interval_s <= 0:
+            raise ValueError("window_s and stats_interval_s must be positive")
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    """What one run measured; ``summary()`` is the demo's JSON entry for the policy."""
+
+    policy: str
+    requests: int = 0
+    hit_tokens: int = 0
+    query_tokens: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    hint_s: list[float] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+    per_replica: dict[str, int] = field(default_factory=dict)
+    evicted_blocks: int = 0
+    rejected: int = 0  # requests the engine refused (prompt larger than its whole cache)
+    sim_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "hit_rate": round(self.hit_rate, 6),
+            "ttft_p50_ms": round(percentile(self.ttft_s, 50) * 1000, 3),
+            "ttft_p90_ms": round(percentile(self.ttft_s, 90) * 1000, 3),
+            "requests": self.requests,
+            "hint_overhead_p50_ms": round(percentile(self.hint_s, 50) * 1000, 4),
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank-interpolated percentile (numpy's default "linear"); 0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def replica_names(n: int) -> list[str]:
+    """``engine-0`` .. in an order that sorts like the index (zero padded past 10)."""
+    width = len(str(n - 1))
+    return [f"engine-{i:0{width}d}" for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The subscriber's side: window, transport delay, stats
+
+
+class _Delivery:
+    """Index calls in flight from the subscribers, applied when their time has come."""
+
+    def __init__(self, index: Index, clock: FakeClock) -> None:
+        self.index = index
+        self.clock = clock
+        self.queue: deque[tuple[float, Callable[[], None]]] = deque()
+
+    def at(self, due: float, fn: Callable[[], None]) -> None:
+        self.queue.append((due, fn))
+
+    def run_until(self, t: float) -> None:
+        q = self.queue
+        clock = self.clock
+        while q and q[0][0] <= t:
+            due, fn = q.popleft()
+            clock.set_now_us(EPOCH_US + int(due * 1_000_000))
+            fn()
+
+
+class _SimOutbox:
+    """The subscriber forwarder's behaviour (subscriber spec §3.5) in simulated time."""
+
+    def __init__(self, replica: str, cfg: SimConfig, model_id: str, delivery: _Delivery) -> None:
+        self.replica = replica
+        self.cfg = cfg
+        self.model_id = model_id
+        self.delivery = delivery
+        self.pending: list[Entry] = []
+        # (prefix, adapter) evictions of the current batch; adapter None = ALL_CLEARED
+        self.evictions: list[tuple[bytes, str | None]] = []
+        self.now = 0.0
+
+    def _update(self, entries: list[Entry]) -> Callable[[], None]:
+        cfg = self.cfg
+        upd = Update(
+            replica_id=self.replica,
+            model_id=self.model_id,
+            tenant_id=cfg.tenant_id,
+            hash_scheme=cfg.hash_scheme,
+            prefixes=[Prefix(prefix_hash=p, token_count=n, tier=t, adapter_id=a)
+                      for p, n, a, t in entries],
+        )
+        index = self.delivery.index
+        return lambda: index.apply_update(upd)
+
+    def add_many(self, entries: list[Entry], ts_us: int) -> None:
+        self.pending.extend(entries)
+
+    def flush(self) -> None:
+        if self.pending:
+            entries, self.pending = self.pending, []
+            self.delivery.at(self.now + self.cfg.transport_s, self._update(entries))
+
+    def report(self, entries: list[Entry], ts_us: int) -> None:
+        self.delivery.at(self.now + self.cfg.transport_s, self._update(list(entries)))
+
+    def evict(self, prefix: bytes, adapter: str, ts_us: int) -> None:
+        self.evictions.append((prefix, adapter))
+
+    def clear(self, ts_us: int) -> None:
+        self.pending = []
+        self.evictions.append((b"", None))
+
+    def end_batch(self) -> None:
+        """Deliver this batch's evictions (and clears) as one step, after its adds."""
+        if not self.evictions:
+            return
+        todo, self.evictions = self.evictions, []
+        cfg = self.cfg
+        events = [
+            Event(
+                type=EventType.ALL_CLEARED if adapter is None else EventType.PREFIX_EVICTED,
+                replica_id=self.replica,
+                model_id=self.model_id,
+                tenant_id=cfg.tenant_id,
+                prefix_hash=prefix,
+                adapter_id=adapter or "",
+            )
+            for prefix, adapter in todo
+        ]
+        index = self.delivery.index
+
+        def apply() -> None:
+            for ev in events:
+                index.apply_event(ev)
+
+        self.delivery.at(self.now + cfg.transport_s, apply)
+
+
+class _Replica:
+    """One simulated engine with its subscriber."""
+
+    def __init__(self, name: str, cfg: SimConfig, model_id: str, delivery: _Delivery | None):
+        self.name = name
+        self.engine: EngineModel[int] = EngineModel(cfg.engine)
+        self.outbox: _SimOutbox | None = None
+        self.mapper: BlockMapper | None = None
+        if delivery is not None:
+            self.outbox = _SimOutbox(name, cfg, model_id, delivery)
+            self.mapper = BlockMapper(
+                block_size=cfg.engine.block_size,
+                resolver=LoraResolver({}),
+                outbox=self.outbox,
+                metrics=SubscriberMetrics(),
+            )
+        self.last_hits = 0
+        self.last_queries = 0
+        self.stats_seen = False
+
+    def publish(self, adm: Admitted[int], adapter: str, now: float) -> None:
+        """The engine's KV events for one admission, through the real subscriber mapping."""
+        mapper = self.mapper
+        if mapper is None:
+            return
+        ins = adm.inserted
+        # One BlockRemoved for all of them (the server sees one PREFIX_EVICTED per block either
+        # way; the engine server publishes one hash per event, as vLLM does).
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+        if ins.evicted:
+            events.append(BlockRemoved([h.to_bytes(8, "big") for h in ins.evicted], "GPU", 0))
+        if ins.stored:
+            events.append(
+                BlockStored(
+                    [h.to_bytes(8, "big") for h in ins.stored],
+                    None if ins.parent is None else ins.parent.to_bytes(8, "big"),
+                    ins.stored_tokens,
+                    self.engine.block_size,
+                    lora_name=adapter or None,
+                    medium="GPU",
+                    group_idx=0,
+                    kv_cache_spec_kind="full_attention",
+                )
+            )
+        if events:
+            assert self.outbox is not None
+            self.outbox.now = now
+            mapper.apply(DecodedBatch(0.0, events))
+            self.outbox.end_batch()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+_ARRIVAL = 0
+_FINISH = 1
+
+
+class Simulator:
+    """Runs one :class:`SimConfig` to completion (``run``)."""
+
+    def __init__(self, cfg: SimConfig, requests: Iterable[Request] | None = None) -> None:
+        self.cfg = cfg
+        params = dict(cfg.policy_params)
+        self.policies: list[RoutingPolicy] = [
+            make_policy(cfg.policy, **params) for _ in range(cfg.gateways)
+        ]
+        self.policy = self.policies[0]
+        self.names = replica_names(cfg.replicas)
+        self.model_id = cfg.workload.model
+        self.clock = FakeClock(now_us=EPOCH_US)
+        self.index: Index | None = None
+        self.router: Router | None = None
+        delivery: _Delivery | None = None
+        if self.policy.needs_hint:
+            self.index = Index(
+                IndexSettings(
+                    engine_block_size=cfg.engine.block_size,
+                    pressure_weight=cfg.pressure_weight,
+                ),
+                clock=self.clock,
+            )
+            self.router = Router(self.index)
+            delivery = _Delivery(self.index, self.clock)
+        self.delivery = delivery
+        self.replicas = [_Replica(n, cfg, self.model_id, delivery) for n in self.names]
+        self.by_name = {r.name: r for r in self.replicas}
+        self.requests = requests if requests is not None else generate(cfg.workload)
+        self.result = PolicyResult(cfg.policy)
+        self._next_window = cfg.window_s
+        self._next_stats = cfg.stats_interval_s
+        self._next_sweep = 60.0
+
+    # -- the subscriber's periodic work -----------------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        """Run window flushes, stats reports and sweeps due at or before ``t``, then deliver."""
+        delivery = self.delivery
+        if delivery is None:
+            return
+        cfg = self.cfg
+        while True:
+            nxt = min(self._next_window, self._next_stats, self._next_sweep)
+            if nxt > t:
+                break
+            if nxt == self._next_window:
+                delivery.run_until(nxt)
+                for r in self.replicas:
+                    ob = r.outbox
+                    if ob is not None and ob.pending:
+                        ob.now = nxt
+                        ob.flush()
+                self._next_window += cfg.window_s
+            elif nxt == self._next_stats:
+                delivery.run_until(nxt)
+                self._report_stats(nxt)
+                self._next_stats += cfg.stats_interval_s
+            else:
+                delivery.run_until(nxt)
+                self.clock.set_now_us(EPOCH_US + int(nxt * 1_000_000))
+                assert self.index is not None
+                self.index.sweep()
+                self._next_sweep += 60.0
+        delivery.run_until(t)
+
+    def drain(self) -> None:
+        """Flush every subscriber's pending adds and deliver everything in flight (tests)."""
+        delivery = self.delivery
+        if delivery is None:
+            return
+        t = max([self._next_window, *(due for due, _ in delivery.queue)])
+        for r in self.replicas:
+            if r.outbox is not None:
+                r.outbox.now = t
+                r.outbox.flush()
+        delivery.run_until(math.inf)
+
+    def _report_stats(self, now: float) -> None:
+        """What each subscriber's stats tick sends (subscriber spec §7)."""
+        cfg = self.cfg
+        delivery = self.delivery
+        assert delivery is not None and self.index is not None
+        index = self.index
+        ceiling = cfg.max_concurrency_ceiling
+        for r in self.replicas:
+            c = r.engine.counters
+            dq = c.queries - r.last_queries
+            dh = c.hits - r.last_hits
+            hit_rate = 0.0
+            if r.stats_seen and dq > 0 and dh >= 0:
+                hit_rate = min(1.0, dh / dq)
+            r.stats_seen = True
+            r.last_queries, r.last_hits = c.queries, c.hits
+            load = r.engine.load()
+            pressure = min(1.0, load / ceiling) if ceiling > 0 and load > 0 else 0.0
+            upd = Update(
+                replica_id=r.name,
+                model_id=self.model_id,
+                tenant_id=cfg.tenant_id,
+                hash_scheme=cfg.hash_scheme,
+                timestamp_us=EPOCH_US + int(now * 1_000_000),
+                stats=Stats(hit_rate=hit_rate, pressure=pressure),
+            )
+            delivery.at(now + cfg.transport_s, functools.partial(index.apply_update, upd))
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[int], None] | None = None) -> PolicyResult:
+        started = time.perf_counter()
+        cfg = self.cfg
+        heap: list[tuple[float, int, int, Any]] = []
+        seq = 0
+        it = iter(self.requests)
+        offset = WARMUP_S if cfg.warmup else 0.0
+        nxt = next(it, None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt.arrival + offset, seq, _ARRIVAL, nxt))
+        if cfg.warmup:
+            for i, r in enumerate(self.replicas):
+                # negative keys: not a workload request (no TTFT, no gateway accounting)
+                r.engine.submit(-1 - i, warmup_tokens(r.name), "", 1, 0.0)
+                for adm in r.engine.schedule(0.0):
+                    r.publish(adm, "", 0.0)
+                    seq += 1
+                    heapq.heappush(heap, (adm.finish_at, seq, _FINISH, (r, adm.key)))
+        base = {r.name: (r.engine.counters.hits, r.engine.counters.queries,
+                         r.engine.counters.requests) for r in self.replicas}
+        res = self.result
+        policies = self.policies
+        n_gw = len(policies)
+        inflight = [{n: 0 for n in self.names} for _ in policies]
+        gateway_of: dict[int, int] = {}
+        needs_hint = self.policy.needs_hint
+        needs_oracle = self.policy.needs_oracle
+        bs = cfg.engine.block_size
+        names = self.names
+        replicas = self.replicas
+        by_name = self.by_name
+        per_replica = {n: 0 for n in names}
+        reasons = res.reasons
+        ttft = res.ttft_s
+        hint_s = res.hint_s
+        router = self.router
+        now = 0.0
+        done = 0
+        arrivals: dict[int, float] = {}
+        while heap:
+            now, _s, kind, data = heapq.heappop(heap)
+            self._advance(now)
+            if kind == _ARRIVAL:
+                req: Request = data
+                nxt = next(it, None)
+                if nxt is not None:
+                    seq += 1
+                    heapq.heappush(heap, (nxt.arrival + offset, seq, _ARRIVAL, nxt))
+                tokens = req.tokens
+                chain = fingerprint.chain_packed(tokens, bs)
+                gw = req.index % n_gw
+                policy = policies[gw]
+                load = inflight[gw]
+                route = RouteInput(
+                    tenant_id=cfg.tenant_id,
+                    model_id=self.model_id,
+                    adapter_id=req.adapter,
+                    tokens=tokens,
+                    chain=chain,
+                    block_size=bs,
+                    load=dict(load),
+                )
+                engine_hashes: list[int] | None = None
+                if needs_hint and router is not None:
+                    self.clock.set_now_us(EPOCH_US + int(now * 1_000_000))
+                    t0 = time.perf_counter()
+                    n = len(chain) >> 3
+                    result = router.lookup(
+                        LookupRequest(
+                            tenant_id=cfg.tenant_id,
+                            model_id=self.model_id,
+                            hash_scheme=cfg.hash_scheme,
+                            adapter_id=req.adapter,
+                            block_hashes=chain,
+                            packed_hashes=True,
+                            block_token_counts=[bs] * n,
+                        )
+                    )
+                    dt = time.perf_counter() - t0
+                    hint_s.append(dt)
+                    scores = result.replica_scores
+                    route.hint = Hint(
+                        result.reason_code,
+                        tuple(s.replica_id for s in scores),
+                        dt,
+                        tuple(s.matched_tokens for s in scores),
+                    )
+                if needs_oracle:
+                    engine_hashes = replicas[0].engine.cache.chain(tokens, req.adapter)
+                    cap = min(len(engine_hashes), (len(tokens) - 1) // bs)
+                    route.oracle = {
+                        r.name: min(r.engine.cache.match(engine_hashes), cap) * bs
+                        for r in replicas
+                    }
+                decision = policy.choose(route, names)
+                policy.observe(route, decision.replica)
+                reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
+                per_replica[decision.replica] += 1
+                target = by_name[decision.replica]
+                key = req.index
+                try:
+                    target.engine.submit(
+                        key, tokens, req.adapter, req.max_tokens, now, engine_hashes
+                    )
+                except ValueError:  # the engine answers 400 (prompt larger than its cache)
+                    res.rejected += 1
+                    continue
+                load[decision.replica] += 1
+                gateway_of[key] = gw
+                arrivals[key] = now
+                admitted = target.engine.schedule(now)
+            else:
+                target, k = data
+                if k >= 0:
+                    inflight[gateway_of.pop(k)][target.name] -= 1
+                target.engine.finish()
+                admitted = target.engine.schedule(now)
+            for adm in admitted:
+                k = adm.key
+                target.publish(adm, adm.adapter, now)
+                seq += 1
+                heapq.heappush(heap, (adm.finish_at, seq, _FINISH, (target, k)))
+                if k < 0:
+                    continue
+                ttft.append(adm.first_token_at - arrivals.pop(k))
+                done += 1
+                if progress is not None and not done % 1000:
+                    progress(done)
+        for r in replicas:
+            c = r.engine.counters
+            h0, q0, n0 = base[r.name]
+            res.hit_tokens += c.hits - h0
+            res.query_tokens += c.queries - q0
+            res.requests += c.requests - n0
+            res.evicted_blocks += c.evicted_blocks
+        res.per_replica = per_replica
+        res.sim_seconds = now
+        res.wall_seconds = time.perf_counter() - started
+        if progress is not None:
+            progress(done)
+        return res
+
+
+def simulate(cfg: SimConfig, requests: Iterable[Request] | None = None,
+             progress: Callable[[int], None] | None = None) -> PolicyResult:
+    """Run one configuration and return its measurements."""
+    return Simulator(cfg, requests).run(progress)
