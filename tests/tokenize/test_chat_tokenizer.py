@@ -26,6 +26,22 @@ def test_c5_02_nested_model_ids_load_from_tokenizer_dir(tmp_path: Path) -> None:
     assert not tokenizers.has_model("")
 
 
+def test_linked_model_folders_are_followed_and_link_loops_are_not(tmp_path: Path) -> None:
+    """``<dir>/tiny`` may be a link to an engine's model folder (also under two names); a
+    link back up the tree is not walked into (no endless loop, no extra model ids)."""
+    models = tmp_path / "models"
+    write_model(models, "real")
+    tokdir = tmp_path / "tok"
+    (tokdir / "org").mkdir(parents=True)
+    (tokdir / "tiny").symlink_to(models / "real", target_is_directory=True)
+    (tokdir / "org" / "alias").symlink_to(models / "real", target_is_directory=True)
+    (tokdir / "org" / "loop").symlink_to(tokdir, target_is_directory=True)
+    (models / "real" / "up").symlink_to(models, target_is_directory=True)
+    tokenizers = load_tokenizer_dir(tokdir)
+    assert tokenizers.model_ids == ["org/alias", "tiny"]
+    assert tokenizers.encode_chat("tiny", "hi") == tokenizers.encode_chat("org/alias", "hi")
+
+
 def test_c10_67_one_user_message_with_generation_prompt(tmp_path: Path) -> None:
     """The prompt is rendered as exactly one user message plus the generation prompt."""
     tok = write_model(tmp_path, "m")

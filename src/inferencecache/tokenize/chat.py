@@ -205,8 +205,18 @@ def load_tokenizer_dir(path: str | os.PathLike[str]) -> TokenizerSet:
     if not root.is_dir():
         raise TokenizerLoadError(f"tokenizer dir {str(root)!r} is not a readable directory")
     models: dict[str, ChatTokenizer] = {}
-    for current, dirs, files in os.walk(root, onerror=_raise_walk_error):
-        dirs.sort()
+    # Links are followed (a model entry is often a link to the engine's model folder); a link
+    # back to a folder already on the walked path would loop, so it is not entered.
+    chains: dict[str, tuple[str, ...]] = {os.fspath(root): (os.path.realpath(root),)}
+    for current, dirs, files in os.walk(root, onerror=_raise_walk_error, followlinks=True):
+        chain = chains.pop(current)
+        keep = []
+        for name in sorted(dirs):
+            real = os.path.realpath(os.path.join(current, name))
+            if real not in chain:
+                chains[os.path.join(current, name)] = (*chain, real)
+                keep.append(name)
+        dirs[:] = keep
         if TOKENIZER_FILE not in files:
             continue
         rel = Path(current).relative_to(root)
