@@ -77,6 +77,8 @@ DETAILS: tuple[tuple[str, str], ...] = (
     ("lookup_raw_speedup_vs_dynamo", "in process: our walk alone ÷ Dynamo, lookups/s"),
     ("inproc_ours_ingest_events_per_s", "in process: our ingest events/s"),
     ("inproc_ours_chain_ingest_events_per_s", "in process: our ingest events/s, chain entries"),
+    ("inproc_ours_legacy_ingest_events_per_s",
+     "in process: our ingest events/s, legacy objects, 1 event/evicted block"),
     ("inproc_dynamo_ingest_events_per_s", "in process: Dynamo ingest events/s"),
     ("service_ours_ingest_blocks_per_s", "services: our ingest blocks/s"),
     ("service_dynamo_ingest_blocks_per_s", "services: Dynamo ingest blocks/s"),

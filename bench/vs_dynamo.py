@@ -8,14 +8,22 @@ process: ours in the project's venv, Dynamo's (``bench/peer_dynamo.py``) in ``be
 The driver (this process) only generates, sequences and checks; it never times anything itself.
 
 What each side does with the same events (an *event* = one batch of one worker step):
-- **ours** — what the server does per message: ``Index.apply_update`` with one legacy
-  ``PrefixEntry`` per stored block (fingerprint + cumulative tokens, as the subscriber sends),
-  one ``Index.apply_event(PREFIX_EVICTED)`` per removed block (one ``PublishEvent`` each on the
-  wire), one ``ALL_CLEARED`` per reset;
+- **ours** — what the server does per message, from the message's wire bytes: a stored batch
+  is the ``CacheStateUpdate`` the subscriber sends (one legacy ``PrefixEntry`` per block:
+  fingerprint + cumulative tokens, T1), parsed by the server's ReportCacheState deserializer
+  (``server.ingest.parse_update_request``: C, one ``LegacyRun``) and applied with
+  ``Index.apply_update``; a removed batch is one batched ``PREFIX_EVICTED`` ``CacheEvent``
+  (``prefix_hash`` + ``prefix_hashes``, what ``subscribe --batch-evictions`` sends), parsed with
+  protobuf (the server's PublishEvent deserializer) and applied with ``Index.apply_event``; a
+  reset is one ``ALL_CLEARED``;
 - **Dynamo** — ``RadixTree.apply_event(worker, json_bytes)`` with the serde ``KvCacheEvent``
   (``block_hash`` = engine hash, ``tokens_hash`` = ``compute_block_hash_for_seq`` of the block),
   then one ``find_matches`` as a barrier so the timed span covers the tree thread's work.
-Inputs are pre-built outside the timed loops on both sides (protobuf decoding is transport).
+Both sides parse their own wire form inside the timed loop; the bytes are built beforehand.
+Secondary shapes of ours (``inproc_ours_legacy_*``, ``inproc_ours_chain_*``): pre-built index
+objects, one legacy ``Prefix`` per block and one ``apply_event`` per removed block (what the
+server did before the compact parser and batched evictions), and stored blocks as one chain
+entry.
 
 Lookups, the same queries, each call timed alone:
 - **ours (headline)**: ``Router.lookup`` with a packed chain (the full LookupRoute pipeline:
@@ -78,6 +86,7 @@ class Ours:
         self.factory = STORE_BACKENDS[store] if store != "default" else default_store_factory()
         self.calls: list[tuple[int, Any]] = []
         self.chain_calls: list[tuple[int, Any]] = []
+        self.wire_calls: list[tuple[int, Any]] = []
         self.requests: list[Any] = []
         self.walks: list[tuple[bytes, list[int]]] = []
         self.verify_requests: list[Any] = []
@@ -101,6 +110,8 @@ class Ours:
     def load(self, path: str) -> dict[str, Any]:
         from inferencecache import fingerprint
         from inferencecache.index import Event, EventType, LookupRequest, Prefix, Update
+        from inferencecache.ingestwire import encode_entries, encode_header
+        from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
         with open(path, "rb") as f:
             wl: dict[str, Any] = pickle.load(f)
@@ -117,8 +128,22 @@ class Ours:
             depth.append(1 if p < 0 else depth[p] + 1)
         calls: list[tuple[int, Any]] = []
         chain_calls: list[tuple[int, Any]] = []
+        wire_calls: list[tuple[int, Any]] = []
         for worker, kind, ids in wl["events"]:
             rid = f"w{worker}"
+            if kind == STORED:
+                # the subscriber's message: header + one T1 legacy entry per block
+                wire_calls.append((2, encode_header(rid, MODEL, TENANT, SCHEME, 0) + encode_entries(
+                    [(fp[b], depth[b] * bs, "", 1) for b in ids])))
+            elif kind == REMOVED:
+                wire_calls.append((3, pb.CacheEvent(
+                    type=pb.CacheEvent.PREFIX_EVICTED, replica_id=rid, model_id=MODEL,
+                    tenant_id=TENANT, prefix_hash=fp[ids[0]],
+                    prefix_hashes=[fp[b] for b in ids[1:]]).SerializeToString()))
+            else:
+                wire_calls.append((3, pb.CacheEvent(
+                    type=pb.CacheEvent.ALL_CLEARED, replica_id=rid, model_id=MODEL,
+                    tenant_id=TENANT).SerializeToString()))
             if kind == STORED:
                 prefixes = [Prefix(prefix_hash=fp[b], token_count=depth[b] * bs) for b in ids]
                 calls.append((0, Update(replica_id=rid, model_id=MODEL, tenant_id=TENANT,
@@ -139,6 +164,7 @@ class Ours:
             chain_calls.append(call)
         self.calls = calls
         self.chain_calls = chain_calls
+        self.wire_calls = wire_calls
         self.requests = []
         self.walks = []
         for q in wl["queries"]:
@@ -156,10 +182,18 @@ class Ours:
         return {"events": len(calls), "queries": len(self.requests), "store": store}
 
     def _apply(self, index: Any, calls: list[tuple[int, Any]]) -> None:
+        from inferencecache.server.ingest import parse_update_request
+        from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
         au = index.apply_update
         ae = index.apply_event
+        parse_event = pb.CacheEvent.FromString
         for kind, obj in calls:
-            if kind == 0:
+            if kind == 2:  # what the server does per ReportCacheState message
+                au(parse_update_request(obj))
+            elif kind == 3:  # per PublishEvent message
+                ae(parse_event(obj))
+            elif kind == 0:
                 au(obj)
             else:
                 for e in obj:
@@ -174,11 +208,11 @@ class Ours:
             out[s.replica_id[1:]] = blocks if not rest else s.matched_tokens / self.block_size
         return out
 
-    def ingest(self, shape: str = "legacy") -> dict[str, Any]:
+    def ingest(self, shape: str = "wire") -> dict[str, Any]:
         self.index = self.router = None
         gc.collect()
         index, router = self._fresh()
-        calls = self.chain_calls if shape == "chain" else self.calls
+        calls = {"chain": self.chain_calls, "legacy": self.calls}.get(shape, self.wire_calls)
         t0 = time.perf_counter_ns()
         self._apply(index, calls)
         t1 = time.perf_counter_ns()
@@ -215,7 +249,7 @@ class Ours:
         out: list[list[dict[str, Any]]] = []
         done = 0
         for cp in self.checkpoints:
-            self._apply(index, self.calls[done:cp])
+            self._apply(index, self.wire_calls[done:cp])
             done = cp
             out.append([self._answer(router.lookup(r)) for r in self.verify_requests])
         problems = index.verify()
@@ -233,7 +267,7 @@ def _worker_main(store: str) -> int:
             if op == "load":
                 common.worker_reply(ours.load(cmd["path"]))
             elif op == "ingest":
-                common.worker_reply(ours.ingest(cmd.get("shape", "legacy")))
+                common.worker_reply(ours.ingest(cmd.get("shape", "wire")))
             elif op == "lookup":
                 common.worker_reply(ours.lookup())
             elif op == "verify":
@@ -323,19 +357,21 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
                 errors.append(f"{name}: index invariants: {rep['invariants']}")
         out["inproc_checked_answers"] = len(vq) * len(wl.checkpoints) * len(sides)
         per: dict[str, dict[str, list[float]]] = {
-            s: {k: [] for k in ("ingest", "ingest_blocks", "chain_ingest", "lookup", "p50",
-                                "p99", "raw", "raw_p50", "raw_p99")} for s in sides}
+            s: {k: [] for k in ("ingest", "ingest_blocks", "chain_ingest", "legacy_ingest",
+                                "lookup", "p50", "p99", "raw", "raw_p50", "raw_p99")}
+            for s in sides}
         blocks = st["stored_blocks"] + st["removed_blocks"]
         order = list(sides)
         for r in range(n_rounds):
             common.log(f"vs_dynamo: round {r + 1}/{n_rounds}")
             for name in order if r % 2 == 0 else order[::-1]:
                 w = sides[name]
-                if name == "ours":  # secondary: stored blocks as one chain entry per event
-                    secs = w.call({"op": "ingest", "shape": "chain"})["ns"] / 1e9
-                    per[name]["chain_ingest"].append(st["events"] / secs)
-                    errors += _check("ours(chain entries)", w.call({"op": "lookup"})["answers"],
-                                     want_final)
+                if name == "ours":  # secondary shapes: chain entries, pre-built legacy objects
+                    for shape in ("chain", "legacy"):
+                        secs = w.call({"op": "ingest", "shape": shape})["ns"] / 1e9
+                        per[name][f"{shape}_ingest"].append(st["events"] / secs)
+                        errors += _check(f"ours({shape} entries)",
+                                         w.call({"op": "lookup"})["answers"], want_final)
                 secs = w.call({"op": "ingest"})["ns"] / 1e9
                 per[name]["ingest"].append(st["events"] / secs)
                 per[name]["ingest_blocks"].append(blocks / secs)
@@ -366,9 +402,10 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
             out[f"inproc_{name}_lookups_per_s"] = common.rounded(common.median(d["lookup"]), 0)
             out[f"inproc_{name}_lookup_p50_us"] = common.rounded(common.median(d["p50"]))
             out[f"inproc_{name}_lookup_p99_us"] = common.rounded(common.median(d["p99"]))
-            if d["chain_ingest"]:
-                out[f"inproc_{name}_chain_ingest_events_per_s"] = common.rounded(
-                    common.median(d["chain_ingest"]), 0)
+            for shape in ("chain", "legacy"):
+                if d[f"{shape}_ingest"]:
+                    out[f"inproc_{name}_{shape}_ingest_events_per_s"] = common.rounded(
+                        common.median(d[f"{shape}_ingest"]), 0)
             if d["raw"]:
                 out[f"inproc_{name}_walk_per_s"] = common.rounded(common.median(d["raw"]), 0)
                 out[f"inproc_{name}_walk_p50_us"] = common.rounded(common.median(d["raw_p50"]))
@@ -382,6 +419,7 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
             out["lookup_speedup_vs_dynamo"] = ratio(o["lookup"], t["lookup"])
             out["ingest_speedup_vs_dynamo"] = ratio(o["ingest"], t["ingest"])
             out["ingest_chain_speedup_vs_dynamo"] = ratio(o["chain_ingest"], t["ingest"])
+            out["ingest_legacy_speedup_vs_dynamo"] = ratio(o["legacy_ingest"], t["ingest"])
             out["lookup_raw_speedup_vs_dynamo"] = ratio(o["raw"], t["lookup"])
             out["inproc_lookup_p50_ratio_vs_dynamo"] = ratio(o["p50"], t["p50"])
             out["inproc_speedup_rounds"] = {
@@ -389,6 +427,8 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
                                                                   strict=True)],
                 "ingest": [common.rounded(x / y) for x, y in zip(o["ingest"], t["ingest"],
                                                                   strict=True)],
+                "ingest_legacy": [common.rounded(x / y) for x, y in zip(
+                    o["legacy_ingest"], t["ingest"], strict=True)],
             }
     if errors:
         raise AssertionError("vs_dynamo: wrong answers:\n" + "\n".join(errors[:20]))

@@ -151,6 +151,12 @@ MESSAGES: dict[str, list[tuple[int, str, str]]] = {
     "Ack": [(1, "accepted", "bool"), (2, "reason_code", "string")],
 }
 
+# Additive fields of this project (docs/decisions.md): not in the spec tables above, numbered
+# after every spec field of their message, so every v1alpha1 field keeps its meaning.
+ADDITIVE: dict[str, list[tuple[int, str, str]]] = {
+    "CacheEvent": [(8, "prefix_hashes", "repeated bytes")],
+}
+
 # §2.4
 ENUMS = {
     "CacheTier": [
@@ -256,7 +262,7 @@ def test_c10_01_every_message_field() -> None:
     for name, fields in MESSAGES.items():
         msg = pb.DESCRIPTOR.message_types_by_name[name]
         got = [(f.number, f.name, _spec_type(f)) for f in msg.fields]
-        assert sorted(got) == sorted(fields), name
+        assert sorted(got) == sorted(fields + ADDITIVE.get(name, [])), name
         # proto3 plain fields: no explicit presence beyond message-typed fields
         for f in msg.fields:
             if f.type != d.FieldDescriptor.TYPE_MESSAGE:
@@ -288,3 +294,35 @@ def test_c10_01_only_the_spec_enums_exist() -> None:
         for e in m.enum_types
     }
     assert set(pb.DESCRIPTOR.enum_types_by_name) | nested == set(ENUMS)
+
+
+def test_additive_fields_only_extend_their_messages() -> None:
+    """An additive field never reuses or renumbers a spec field (contract §2.1: additive)."""
+    for name, extra in ADDITIVE.items():
+        spec_numbers = {n for n, _, _ in MESSAGES[name]}
+        spec_names = {f for _, f, _ in MESSAGES[name]}
+        for number, field, _ in extra:
+            assert number > max(spec_numbers), (name, field)
+            assert field not in spec_names, (name, field)
+
+
+def test_batched_eviction_field_is_ignored_by_a_v1alpha1_reader() -> None:
+    """A reader built from the spec tables alone (no field 8) still sees ``prefix_hash``."""
+    from google.protobuf import descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(proto)
+    for m in proto.message_type:
+        if m.name == "CacheEvent":
+            keep = [f for f in m.field if f.name != "prefix_hashes"]
+            del m.field[:]
+            m.field.extend(keep)
+    pool = descriptor_pool.DescriptorPool()  # its own pool: same names, no clash
+    pool.Add(proto)
+    old_cls = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(f"{PACKAGE}.CacheEvent"))
+    new = pb.CacheEvent(type=pb.CacheEvent.PREFIX_EVICTED, replica_id="r", prefix_hash=b"a" * 8,
+                        prefix_hashes=[b"b" * 8, b"c" * 8])
+    old = old_cls.FromString(new.SerializeToString())
+    assert (old.type, old.replica_id, old.prefix_hash) == (2, "r", b"a" * 8)
+    assert not hasattr(old, "prefix_hashes")

@@ -147,13 +147,14 @@ def fleet() -> Iterator[Fleet]:
         f.close()
 
 
-def two_replicas(fleet: Fleet, replay: bool = False) -> dict[str, Any]:
+def two_replicas(fleet: Fleet, replay: bool = False,
+                 sub_args: tuple[str, ...] = ()) -> dict[str, Any]:
     fleet.server()
     ea, ra = fleet.engine(replay=replay)
     eb, rb = fleet.engine()
     extra = ["--replay-endpoint", ra["replay_endpoint"]] if replay else []
-    sa, ma = fleet.subscriber("replica-a", ra, *extra)
-    sb, mb = fleet.subscriber("replica-b", rb)
+    sa, ma = fleet.subscriber("replica-a", ra, *extra, *sub_args)
+    sb, mb = fleet.subscriber("replica-b", rb, *sub_args)
     fleet.sync(ea, ma)
     fleet.sync(eb, mb)
     return {"ea": ea, "eb": eb, "ra": ra, "rb": rb, "sa": sa, "sb": sb, "ma": ma, "mb": mb}
@@ -163,8 +164,13 @@ def store(engine: Proc, tokens: list[int], **kw: Any) -> None:
     engine.send(json.dumps({"op": "store", "tokens": tokens, **kw}))
 
 
-def test_e2e_prefix_match_on_the_right_replica_then_eviction_removes_it(fleet: Fleet) -> None:
-    f = two_replicas(fleet)
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "per-block"])
+def test_e2e_prefix_match_on_the_right_replica_then_eviction_removes_it(
+    fleet: Fleet, batch: bool
+) -> None:
+    """One BlockRemoved of the prompt's 6 blocks: one batched PublishEvent (field 8) or one per
+    block (``--batch-evictions=false``); the server drops all 6 either way."""
+    f = two_replicas(fleet, sub_args=() if batch else ("--batch-evictions=false",))
     pa, pb_ = prompt(1), prompt(2)
     store(f["ea"], pa)
     store(f["eb"], pb_)
@@ -178,6 +184,10 @@ def test_e2e_prefix_match_on_the_right_replica_then_eviction_removes_it(fleet: F
     assert all(s.replica_id != "replica-a" or after.reason_code != "PREFIX_MATCH"
                for s in after.replica_scores)
     fleet.wait_match(pb_, "replica-b", matched=96)  # the other replica is untouched
+    assert fleet.metric(f["ma"], "evictions_total") == 6
+    for i in range(1, 7):  # no block of the prompt is left on replica-a (batched: all 6 hashes)
+        r = fleet.lookup(pa[: 16 * i])
+        assert not any(s.replica_id == "replica-a" for s in r.replica_scores)
 
 
 def test_e2e_two_adapters_over_identical_tokens_never_alias(fleet: Fleet) -> None:

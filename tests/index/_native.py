@@ -23,3 +23,17 @@ def load() -> ModuleType | None:
 
 
 BLOCKMAP = load()
+
+
+def load_rank() -> ModuleType | None:
+    """The compiled ranker (``_rank``), imported directly for the same reason."""
+    try:
+        return importlib.import_module("inferencecache.index._rank")
+    except ImportError:
+        flag = os.environ.get("INFERENCECACHE_REQUIRE_NATIVE", "").strip().lower()
+        if flag not in ("", "0", "false", "no"):
+            raise
+        return None
+
+
+RANK = load_rank()

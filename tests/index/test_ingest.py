@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -307,3 +309,90 @@ def test_protobuf_messages_pass_straight_in(env: Env) -> None:
         pb.CacheEvent(type=pb.CacheEvent.ALL_CLEARED, replica_id="r1", model_id="m", tenant_id="t")
     )
     assert env.holds() == {}
+
+
+# ---- batched PREFIX_EVICTED (additive field 8, docs/decisions.md) -----------------------------
+
+
+def _fill(env: Env) -> None:
+    for scheme in ("vllm", "sglang"):
+        for adapter in ("", "sql"):
+            for r in ("r1", "r2"):
+                env.chain(r, [h(i) for i in range(6)], hash_scheme=scheme, entry_adapter=adapter)
+    env.chain("r1", [h(i) for i in range(6)], model_id="other")
+
+
+@pytest.mark.parametrize("adapter", ["", "sql", "nope"])
+def test_batched_eviction_equals_one_event_per_hash(
+    make_env: Callable[..., Env], adapter: str
+) -> None:
+    """prefix_hash then prefix_hashes, in order, each with §4.4's rule: the same holds, views
+    and counts as one event per hash (duplicates and unknown hashes included)."""
+    batched, single = make_env(), make_env()
+    keys = [h(2), h(0), h(5), h(9), h(2), h(3)]
+    for env in (batched, single):
+        _fill(env)
+    batched.event(EventType.PREFIX_EVICTED, "r1", keys[0], prefix_hashes=keys[1:],
+                  adapter_id=adapter)
+    for k in keys:
+        single.event(EventType.PREFIX_EVICTED, "r1", k, adapter_id=adapter)
+    assert batched.holds() == single.holds()
+    assert batched.index.counts() == single.index.counts()
+    assert batched.index.snapshot() == single.index.snapshot()
+    assert batched.metrics.entries == single.metrics.entries
+    gone = {k for k in keys} - {h(9)}
+    left = batched.holds()
+    assert not any(k[4] in gone and k[5] == "r1" and k[1] == "m" and adapter in ("", k[3])
+                   for k in left)
+    assert any(k[5] == "r2" for k in left)  # other replicas untouched
+
+
+def test_batched_eviction_is_ignored_for_other_types_and_the_probe_tenant(env: Env) -> None:
+    env.chain("r1", [h(1), h(2)])
+    before = env.holds()
+    for typ in (EventType.PREFIX_ADDED, EventType.REPLICA_UPDATED, EventType.TYPE_UNSPECIFIED):
+        env.event(typ, "r1", h(1), prefix_hashes=[h(2)])
+    env.event(EventType.PREFIX_EVICTED, "r1", h(1), prefix_hashes=[h(2)], tenant_id=PROBE_TENANT)
+    assert env.holds() == before
+    env.event(EventType.PREFIX_EVICTED, "r1", b"", prefix_hashes=[h(2)])  # empty first hash
+    assert {k[4] for k in env.holds()} == {h(1)}
+
+
+def test_batched_eviction_from_protobuf_and_an_old_reader(env: Env) -> None:
+    pb = pytest.importorskip("inferencecache.v1alpha1.inferencecache_pb2")
+    env.chain("r1", [h(1), h(2), h(3)])
+    msg = pb.CacheEvent(type=pb.CacheEvent.PREFIX_EVICTED, replica_id="r1", model_id="m",
+                        tenant_id="t", prefix_hash=h(1), prefix_hashes=[h(3)])
+    env.index.apply_event(msg)
+    assert {k[4] for k in env.holds()} == {h(2)}
+
+
+def test_packed_update_equals_its_entries(make_env: Callable[..., Env]) -> None:
+    """A LegacyRun is its entries applied one by one: adapter fallback, tier normalisation,
+    int32 wrap, last write wins, the entry bound cutting inside a run."""
+    from inferencecache.index import IndexSettings, LegacyRun, PackedUpdate, Update
+
+    settings = IndexSettings(max_entries_per_update=7)
+    packed, plain = make_env(settings=settings), make_env(settings=settings)
+    runs: list[LegacyRun | Prefix] = [
+        LegacyRun(h(1) + h(2) + h(1), [16, 2**31 + 5, 48], 0, ""),
+        LegacyRun(h(3) + h(4), [-(2**31) - 1, 64], -4, "sql"),
+        Prefix(block_hashes=[h(5), h(6)], block_token_counts=[16, 16], tier=2),
+        LegacyRun(h(7) + h(8) + h(9), [1, 2, 3], 2, ""),
+    ]
+    flat: list[Prefix] = []
+    for r in runs:
+        if isinstance(r, LegacyRun):
+            flat += [Prefix(prefix_hash=r.hashes[8 * i : 8 * i + 8], token_count=c, tier=r.tier,
+                            adapter_id=r.adapter_id) for i, c in enumerate(r.token_counts)]
+        else:
+            flat.append(r)
+    head: dict[str, Any] = {"replica_id": "r1", "model_id": "m", "tenant_id": "t",
+                            "hash_scheme": "vllm", "timestamp_us": 1_000, "adapter_id": "upd"}
+    packed.index.apply_update(PackedUpdate(entries=runs, **head))
+    plain.index.apply_update(Update(prefixes=flat, **head))
+    assert packed.holds() == plain.holds()
+    assert packed.metrics.dropped == plain.metrics.dropped == {"too_many_entries": 2}
+    assert packed.holds()[("t", "m", "vllm", "upd", h(1), "r1")][0] == 48  # last write wins
+    with pytest.raises(ValueError):
+        packed.index.apply_update(PackedUpdate(entries=[LegacyRun(h(1), [1, 2])], **head))

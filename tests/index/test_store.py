@@ -95,6 +95,25 @@ def test_packed_keys_everywhere(store_factory: StoreFactory) -> None:
     s.credit(packed, 2, 7)
     assert sorted(h.access for h in s.holds()) == [0, 1, 1]
     assert s.walk(b"", [], 0) == [] and s.walk([], [], 0) == []
+    # upsert_many and remove_holds take packed keys too; a trailing partial key is ignored
+    assert s.upsert_many(k(3) + k(4) + b"xyz", [1, 2, 3], 8, 200, 2) == (1, 2)
+    assert sorted(s.holders(k(4), 0)) == [(8, 2, 200, 2)]
+    assert s.remove_holds(k(4) + k(9) + k(3) + b"x", 8) == (2, 1)
+    assert s.remove_holds([k(1), k(1), k(2)], 7) == (2, 2)
+    assert s.remove_holds(b"", 7) == (0, 0) and s.remove_holds([k(3)], 2**40) == (0, 0)
+    assert sorted((h.key, h.replica) for h in s.holds()) == [(k(3), 7)]
+
+
+def test_remove_holds_rejects_a_bad_key_before_touching_anything(
+    store_factory: StoreFactory,
+) -> None:
+    import pytest
+
+    s = store_factory()
+    s.upsert_many([k(1), k(2)], [1, 1], 1, 100, 1)
+    with pytest.raises(TypeError):
+        s.remove_holds([k(1), "x"], 1)  # type: ignore[list-item]
+    assert s.hold_count() == 2
 
 
 def test_walk_semantics(store_factory: StoreFactory) -> None:
@@ -166,6 +185,8 @@ OPS = st.lists(
         ),
         st.tuples(st.just("rm"), st.integers(0, 6), st.integers(0, 3)),
         st.tuples(st.just("rmr"), st.integers(0, 3)),
+        st.tuples(st.just("rms"), st.lists(st.integers(0, 6), max_size=5), st.integers(0, 3),
+                  st.booleans()),
         st.tuples(st.just("rmk"), st.integers(0, 6)),
         st.tuples(st.just("cr"), st.lists(st.integers(0, 6), max_size=5), st.integers(0, 3)),
         st.tuples(st.just("sw"), st.integers(-1, 9)),
@@ -207,6 +228,16 @@ def test_store_matches_the_reference(
                 last = not any(kk == k(op[1]) for kk, _ in ref.h)
                 removed = HOLD_REMOVED | (KEY_REMOVED if last else 0)
             assert s.remove_hold(k(op[1]), op[2]) == removed
+        elif op[0] == "rms":
+            holds = keys_gone = 0
+            for i in op[1]:
+                if (k(i), op[2]) in ref.h:
+                    del ref.h[(k(i), op[2])]
+                    holds += 1
+                    keys_gone += not any(kk == k(i) for kk, _ in ref.h)
+            keys_ = [k(i) for i in op[1]]
+            arg: list[bytes] | bytes = b"".join(keys_) if op[3] else keys_
+            assert s.remove_holds(arg, op[2]) == (holds, keys_gone)
         elif op[0] == "rmr":
             gone = [hk for hk in ref.h if hk[1] == op[1]]
             for hk in gone:

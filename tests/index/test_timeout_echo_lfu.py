@@ -23,6 +23,12 @@ class SlowStore:
         self._clock.advance(self._delay[0])
         return self._inner.walk(keys, counts, fresh_after)
 
+    def walk_ranked(
+        self, keys: Any, counts: Any, fresh_after: int, ranker: Any, rank_args: Any
+    ) -> Any:
+        self._clock.advance(self._delay[0])
+        return self._inner.walk_ranked(keys, counts, fresh_after, ranker, rank_args)
+
     def holders(self, key: bytes, fresh_after: int) -> list[tuple[int, int, int, int]]:
         self._clock.advance(self._delay[0])
         return self._inner.holders(key, fresh_after)

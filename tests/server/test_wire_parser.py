@@ -149,7 +149,9 @@ def test_fast_path_packs_8_byte_hashes_and_keeps_token_varints() -> None:
     assert got.packed_hashes
     assert got.block_hashes == b"".join(i.to_bytes(8, "big") for i in range(512))
     assert got.token_varints and got.token_ids == b"\x01\xac\x02\xf0\xa2\x04"
-    assert got.block_token_counts == [16] * 512
+    # one-byte counts stay packed: the payload bytes are the values (a Sequence[int])
+    assert got.block_token_counts == bytes([16]) * 512
+    assert list(got.block_token_counts) == [16] * 512
 
 
 def test_unknown_fields_are_skipped() -> None:

@@ -15,10 +15,17 @@ from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
 
 class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
-    """Records every update/event in arrival order; can fail, hang or refuse on demand."""
+    """Records every update/event in arrival order; can fail, hang or refuse on demand.
+
+    ``log`` is what a server applies, per block: a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
+    is logged as one single-hash event per hash, in order (contract: applied in order after
+    ``prefix_hash``), so assertions read the same in both ``--batch-evictions`` modes.
+    ``rpcs`` is the raw log (one item per message received).
+    """
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Any, float]] = []  # ("update" | "event", message, time)
+        self.rpcs: list[tuple[str, Any]] = []
         self.streams = 0
         self.fail = False  # abort every RPC with UNAVAILABLE
         self.hang = 0.0  # sleep this long before answering
@@ -35,6 +42,7 @@ class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
         self.streams += 1
         async for update in request_iterator:
             self.log.append(("update", update, time.monotonic()))
+            self.rpcs.append(("update", update))
         self.changed.set()
         return pb.Ack(accepted=self.accepted)
 
@@ -44,7 +52,17 @@ class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
             await asyncio.sleep(self.hang)
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "test server failing")
-        self.log.append(("event", request, time.monotonic()))
+        self.rpcs.append(("event", request))
+        now = time.monotonic()
+        if request.type == pb.CacheEvent.PREFIX_EVICTED and request.prefix_hashes:
+            for h in [request.prefix_hash, *request.prefix_hashes]:
+                one = pb.CacheEvent()
+                one.CopyFrom(request)
+                one.prefix_hash = h
+                del one.prefix_hashes[:]
+                self.log.append(("event", one, now))
+        else:
+            self.log.append(("event", request, now))
         self.changed.set()
         return pb.Ack(accepted=True)
 
@@ -55,6 +73,10 @@ class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
 
     def events(self) -> list[pb.CacheEvent]:
         return [m for k, m, _ in self.log if k == "event"]
+
+    def publish_calls(self) -> list[pb.CacheEvent]:
+        """The PublishEvent messages as received (a batched eviction is one)."""
+        return [m for k, m in self.rpcs if k == "event"]
 
     def prefixes(self) -> list[tuple[str, int, str, int]]:
         return [(p.prefix_hash.hex(), p.token_count, p.adapter_id, p.tier)

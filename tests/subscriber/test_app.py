@@ -227,10 +227,11 @@ async def test_stats_from_a_fake_engine_metrics_page() -> None:
         await page.stop()
 
 
-async def test_s13_74_live_capture_through_real_sockets_to_a_real_server() -> None:
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "per-block"])
+async def test_s13_74_live_capture_through_real_sockets_to_a_real_server(batch: bool) -> None:
     from tests.kvevents.util import capture
 
-    async with stack(block_size=32, window=30.0) as st:
+    async with stack(block_size=32, window=30.0, batch_evictions=batch) as st:
         await st.warm_up()
         for frame in capture("vllm-cpu-0.32-live-capture.jsonl"):
             st.pub.send_frames([frame["topic"].encode(), frame["seq"].to_bytes(8, "big"),
@@ -247,3 +248,8 @@ async def test_s13_74_live_capture_through_real_sockets_to_a_real_server() -> No
         assert rec.prefixes()[-3][:2] == ("cf3471f78b967240", 32)
         assert st.value("seq_gaps_total") == 0
         assert st.value("batches_received_total") == 5
+        assert st.value("evictions_total") == 32
+        # seq 16's 6 evictions and seq 17's 26: one PublishEvent each when batched
+        calls = rec.publish_calls()
+        sizes = [1 + len(c.prefix_hashes) for c in calls if c.type == 2]
+        assert sizes == ([6, 26] if batch else [1] * 32)

@@ -70,6 +70,12 @@ async def server() -> AsyncIterator[RecordingServer]:
         yield srv
 
 
+@pytest.fixture(params=[True, False], ids=["batched", "per-block"])
+def batch(request: pytest.FixtureRequest) -> bool:
+    """``--batch-evictions``: both modes must keep every ordering rule."""
+    return bool(request.param)
+
+
 async def test_s13_49_adds_within_the_window_go_out_as_one_update(
     server: RecordingServer,
 ) -> None:
@@ -118,8 +124,10 @@ async def test_s13_51_52_update_identity_and_timestamp(server: RecordingServer) 
     await rig.close()
 
 
-async def test_s13_42_adds_reach_the_server_before_the_eviction(server: RecordingServer) -> None:
-    rig = Rig(server.address, window=60.0)
+async def test_s13_42_adds_reach_the_server_before_the_eviction(
+    server: RecordingServer, batch: bool,
+) -> None:
+    rig = Rig(server.address, batch_evictions=batch, window=60.0)
     rig.fwd.add_many([entry(1)], 5)
     rig.fwd.flush()
     rig.fwd.evict(entry(1)[0], "sql-lora", 7)
@@ -147,8 +155,8 @@ async def test_s13_43_t2_report_is_its_own_update_with_the_eviction_ts(
     await rig.close()
 
 
-async def test_s13_48_clear_discards_pending_adds(server: RecordingServer) -> None:
-    rig = Rig(server.address, window=60.0)
+async def test_s13_48_clear_discards_pending_adds(server: RecordingServer, batch: bool) -> None:
+    rig = Rig(server.address, batch_evictions=batch, window=60.0)
     rig.fwd.add_many([entry(1)], 5)
     rig.fwd.clear(6)
     await server.servicer.wait_for(lambda: server.servicer.log)
@@ -174,10 +182,10 @@ def _free_port() -> int:
 
 
 async def test_s13_53_failing_server_drops_with_warnings_and_returns_on_close(
-    server: RecordingServer, caplog: pytest.LogCaptureFixture
+    server: RecordingServer, batch: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.servicer.fail = True
-    rig = Rig(server.address, window=0.01)
+    rig = Rig(server.address, batch_evictions=batch, window=0.01)
     for i in range(30):
         rig.fwd.add_many([entry(i)], 1)
         rig.fwd.evict(entry(i)[0], "", 1)
@@ -237,9 +245,11 @@ async def test_resync_after_failures_resends_state_at_ts_zero(server: RecordingS
     await rig.close()
 
 
-async def test_resync_after_a_lost_removal_clears_first(server: RecordingServer) -> None:
+async def test_resync_after_a_lost_removal_clears_first(
+    server: RecordingServer, batch: bool,
+) -> None:
     server.servicer.fail = True
-    rig = Rig(server.address, window=0.01)
+    rig = Rig(server.address, batch_evictions=batch, window=0.01)
     rig.state = [(entry(1)[0], 16, "", GPU_ONLY)]
     rig.fwd.evict(entry(9)[0], "", 3)
     await asyncio.sleep(0.15)
@@ -250,8 +260,8 @@ async def test_resync_after_a_lost_removal_clears_first(server: RecordingServer)
     await rig.close()
 
 
-async def test_queued_removals_survive_a_resync(server: RecordingServer) -> None:
-    rig = Rig(server.address, window=60.0)
+async def test_queued_removals_survive_a_resync(server: RecordingServer, batch: bool) -> None:
+    rig = Rig(server.address, batch_evictions=batch, window=60.0)
     rig.state = [(entry(1)[0], 16, "", GPU_ONLY)]
     rig.fwd.request_resync()
     rig.fwd.evict(entry(9)[0], "", 3)
@@ -314,7 +324,7 @@ def _apply(state: dict[tuple[bytes, str], int], log: list[tuple[str, Any, float]
 
 
 async def test_reordered_runs_reach_the_same_final_state_as_strict_order(
-    server: RecordingServer,
+    server: RecordingServer, batch: bool,
 ) -> None:
     """Adds and evictions are merged into "one update, then evictions" only where that cannot
     change the result: the server ends in the state the strict spec order gives."""
@@ -323,7 +333,7 @@ async def test_reordered_runs_reach_the_same_final_state_as_strict_order(
     for seed in range(25):
         rng = random.Random(seed)
         server.servicer.log.clear()
-        rig = Rig(server.address, window=60.0)
+        rig = Rig(server.address, batch_evictions=batch, window=60.0)
         expected: dict[tuple[bytes, str], int] = {}
         for _ in range(rng.randint(5, 60)):
             prefix = rng.randrange(6).to_bytes(8, "big")
@@ -352,8 +362,10 @@ async def test_reordered_runs_reach_the_same_final_state_as_strict_order(
         assert got == expected, seed
 
 
-async def test_full_cache_pattern_needs_few_round_trips(server: RecordingServer) -> None:
-    rig = Rig(server.address, window=60.0)
+async def test_full_cache_pattern_needs_few_round_trips(
+    server: RecordingServer, batch: bool,
+) -> None:
+    rig = Rig(server.address, batch_evictions=batch, window=60.0)
     for i in range(50):  # evict an old block, store a new one (a full engine cache)
         rig.fwd.flush()
         rig.fwd.evict(entry(1000 + i)[0], "", 1)
@@ -361,3 +373,94 @@ async def test_full_cache_pattern_needs_few_round_trips(server: RecordingServer)
     await rig.close()
     assert len(server.servicer.prefixes()) == 50 and len(server.servicer.events()) == 50
     assert server.servicer.streams <= 3  # not one update per stored block
+
+
+# ---- batched evictions (--batch-evictions, additive field 8) ---------------------------------
+
+
+async def test_evictions_of_one_adapter_and_ts_go_out_as_one_publish(
+    server: RecordingServer, batch: bool
+) -> None:
+    rig = Rig(server.address, batch_evictions=batch, window=60.0)
+    plan = [(entry(i)[0], "", 7) for i in range(5)] + [(entry(i)[0], "a", 7) for i in (5, 6)] + [
+        (entry(7)[0], "", 8)]
+    for prefix, adapter, ts in plan:
+        rig.fwd.evict(prefix, adapter, ts)
+    await rig.close()
+    calls = server.servicer.publish_calls()
+    got = {(c.adapter_id, c.timestamp_us): [c.prefix_hash, *c.prefix_hashes] for c in calls}
+    if batch:
+        assert len(calls) == 3
+        assert got == {("", 7): [entry(i)[0] for i in range(5)],
+                       ("a", 7): [entry(5)[0], entry(6)[0]], ("", 8): [entry(7)[0]]}
+    else:
+        assert len(calls) == 8 and not any(c.prefix_hashes for c in calls)
+    # what the server applies, per block, is the same in both modes
+    logical = sorted((e.prefix_hash, e.adapter_id, e.timestamp_us)
+                     for e in server.servicer.events())
+    assert logical == sorted(plan)
+    assert all((e.replica_id, e.model_id, e.tenant_id) == ("replica-a", "model-x", "tenant-t")
+               for e in calls)
+    assert rig.value("evictions_total") == 8
+
+
+async def test_a_batch_is_bounded(server: RecordingServer) -> None:
+    from inferencecache.subscriber.forwarder import MAX_EVICTION_BATCH
+
+    rig = Rig(server.address, window=60.0)
+    n = MAX_EVICTION_BATCH + 10
+    for i in range(n):
+        rig.fwd.evict(entry(i)[0], "", 1)
+    await rig.close()
+    sizes = sorted(1 + len(c.prefix_hashes) for c in server.servicer.publish_calls())
+    assert sizes == [10, MAX_EVICTION_BATCH]
+    assert len(server.servicer.events()) == n
+
+
+async def test_batched_resync_keeps_clears_in_place(server: RecordingServer) -> None:
+    rig = Rig(server.address, window=60.0)
+    rig.state = [(entry(1)[0], 16, "", GPU_ONLY)]
+    rig.fwd.request_resync()
+    rig.fwd.evict(entry(7)[0], "", 3)
+    rig.fwd.evict(entry(8)[0], "", 3)
+    rig.fwd.clear(4)
+    rig.fwd.evict(entry(9)[0], "", 5)
+    await server.servicer.wait_for(lambda: len(server.servicer.rpcs) >= 4)
+    assert [(k, m.type if k == "event" else None) for k, m in server.servicer.rpcs] == [
+        ("event", PREFIX_EVICTED), ("event", ALL_CLEARED), ("event", PREFIX_EVICTED),
+        ("update", None)]
+    first = server.servicer.rpcs[0][1]
+    assert [first.prefix_hash, *first.prefix_hashes] == [entry(7)[0], entry(8)[0]]
+    await rig.close()
+
+
+async def test_a_failed_batched_publish_counts_every_block(server: RecordingServer) -> None:
+    server.servicer.fail = True
+    rig = Rig(server.address, window=60.0)
+    for i in range(6):
+        rig.fwd.evict(entry(i)[0], "", 1)
+    await eventually(lambda: rig.value("rpc_failures_total", rpc="PublishEvent") >= 1)
+    assert rig.value("events_not_sent_total") == 6
+    assert rig.value("rpc_failures_total", rpc="PublishEvent") == 1
+    server.servicer.fail = False
+    await rig.close()
+
+
+async def test_a_backlog_of_updates_shares_one_stream_in_order(server: RecordingServer) -> None:
+    """Queued flushes go out as bounded updates (≤ max_pending each), in order, on one stream."""
+    rig = Rig(server.address, window=60.0, max_pending=10)
+    server.servicer.hang = 0.2  # the first stream is slow: the rest queues behind it
+    rig.fwd.add_many([entry(0)], 1)
+    rig.fwd.flush()
+    await asyncio.sleep(0.05)
+    server.servicer.hang = 0
+    for i in range(1, 36):
+        rig.fwd.add_many([entry(i)], 100 + i)
+        if i % 5 == 0:
+            rig.fwd.flush()
+    await rig.close()
+    ups = server.servicer.updates()
+    assert [p[0] for p in server.servicer.prefixes()] == [entry(i)[0].hex() for i in range(36)]
+    assert all(len(u.prefixes) <= 10 for u in ups)
+    assert server.servicer.streams < len(ups)  # several updates on one stream
+    assert [u.timestamp_us for u in ups][1:] == [110, 120, 130, 135]  # last ts of each merge

@@ -45,6 +45,16 @@ def test_defaults() -> None:
     assert s.max_concurrency_ceiling == 256 and s.cache_tier == "auto"
     assert s.ignore_block_removed is False and s.trust_lora_name is True
     assert s.replay_endpoint == "" and s.adapter_names == {}
+    assert s.batch_evictions is True
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [([], True), (["--batch-evictions"], True), (["--batch-evictions=false"], False),
+     (["-batch-evictions=0"], False)],
+)
+def test_batch_evictions_flag(args: list[str], value: bool) -> None:
+    assert parse(*REQUIRED, *args).batch_evictions is value
 
 
 @pytest.mark.parametrize(

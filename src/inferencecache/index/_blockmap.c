@@ -17,7 +17,9 @@
  * - walk resolves each block's slot through a two-stage software pipeline (prefetch the home
  *   slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks ahead)
  *   so the cache misses of a long chain overlap instead of queueing; credit and upsert_many
- *   prefetch home slots PF_A keys ahead.
+ *   prefetch home slots PF_A keys ahead. Request counts may come packed (bytes of one-byte
+ *   counts, array('i')). walk_ranked hands the final runs to the compiled ranker of
+ *   inferencecache.index._rank as C structs (its capsule API, _rank.h): no Run objects.
  * - cap_candidates / quota_candidates keep the smallest candidates of a full scan in a heap
  *   between calls (kept exact by hooks in upsert and remove_hold), so an index at its hold cap
  *   or a tenant at its quota does not pay a full scan per ingest.
@@ -32,6 +34,8 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#include "_rank.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -1247,6 +1251,54 @@ static inline int count_value(PyObject *o, Py_ssize_t i, uint32_t *out) {
     return 0;
 }
 
+/* A walk's request counts: a list/tuple (or any sequence) of ints, or packed: `bytes` of
+ * one-byte counts (the server's wire form of one-byte varints) or an array('i'). */
+typedef struct {
+    PyObject *seq; /* owned list/tuple (object counts), else NULL */
+    PyObject *const *items;
+    const uint8_t *u8;
+    const int32_t *i32;
+    Py_buffer view;
+    int has_view;
+    Py_ssize_t n;
+} Counts;
+
+static void counts_close(Counts *c) {
+    Py_CLEAR(c->seq);
+    if (c->has_view) {
+        PyBuffer_Release(&c->view);
+        c->has_view = 0;
+    }
+}
+
+static int counts_open(PyObject *obj, Counts *c) {
+    memset(c, 0, sizeof(*c));
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        c->seq = Py_NewRef(obj);
+    } else if (PyBytes_CheckExact(obj)) {
+        c->u8 = (const uint8_t *)PyBytes_AS_STRING(obj);
+        c->n = PyBytes_GET_SIZE(obj);
+        return 0;
+    } else if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyByteArray_Check(obj)) {
+        if (PyObject_GetBuffer(obj, &c->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+        c->has_view = 1;
+        const char *f = c->view.format;
+        if (c->view.itemsize == 4 && sizeof(int) == 4 && f != NULL && strcmp(f, "i") == 0) {
+            c->i32 = (const int32_t *)c->view.buf;
+            c->n = c->view.len / 4;
+            return 0;
+        }
+        counts_close(c);
+    }
+    if (c->seq == NULL) {
+        c->seq = PySequence_Fast(obj, "counts must be a sequence of int");
+        if (c->seq == NULL) return -1;
+    }
+    c->items = PySequence_Fast_ITEMS(c->seq);
+    c->n = PySequence_Fast_GET_SIZE(c->seq);
+    return 0;
+}
+
 /* Stage A of the pipeline for block j: hash, remember, prefetch the home slot's lines. */
 static inline int walk_stage_a(const BlockMap *m, const Keys *ks, Py_ssize_t j, const int packed,
                                uint64_t *hash, const char **kp, Py_ssize_t *kl) {
@@ -1286,8 +1338,9 @@ static inline void walk_stage_b(const BlockMap *m, Py_ssize_t j, const int packe
 /* The walk proper over ks->n blocks. Fills t->runs (seeded by block 0's fresh holders) with
  * their final state; returns -1 with an exception set on bad input. Specialised by `packed`
  * (constant at each call site) so the packed form has no per-block type checks. */
-static inline int walk_core(const BlockMap *m, const Keys *ks, PyObject *const *citems,
+static inline int walk_core(const BlockMap *m, const Keys *ks, const Counts *cs,
                             int64_t fresh, const int packed, RunTable *t, RunState *local) {
+    PyObject *const *citems = cs->items;
     Py_ssize_t n = ks->n;
     uint64_t hash[RING];
     const char *kp[RING];
@@ -1312,9 +1365,14 @@ static inline int walk_core(const BlockMap *m, const Keys *ks, PyObject *const *
             return -1;
         }
     }
-    PyObject *last_obj = citems[0];
+    PyObject *last_obj = NULL;
     uint32_t last_c;
-    if (count_value(last_obj, 0, &last_c) < 0) return -1;
+    if (citems != NULL) {
+        last_obj = citems[0];
+        if (count_value(last_obj, 0, &last_c) < 0) return -1;
+    } else {
+        last_c = cs->u8 != NULL ? cs->u8[0] : (uint32_t)cs->i32[0];
+    }
     for (;;) {
         if (x->last_seen > fresh) {
             RunState *r = &t->runs[t->nruns++];
@@ -1345,10 +1403,11 @@ static inline int walk_core(const BlockMap *m, const Keys *ks, PyObject *const *
         }
         s = slot[i & (RING - 1)];
         if (s == NULL) break;
-        PyObject *o = citems[i];
-        if (o != last_obj) { /* request counts are mostly one repeated int object */
-            if (count_value(o, i, &last_c) < 0) return -1;
-            last_obj = o;
+        if (citems == NULL) {
+            last_c = cs->u8 != NULL ? cs->u8[i] : (uint32_t)cs->i32[i];
+        } else if (citems[i] != last_obj) { /* counts are mostly one repeated int object */
+            last_obj = citems[i];
+            if (count_value(last_obj, i, &last_c) < 0) return -1;
         }
         uint32_t c = last_c;
         x = &s->h;
@@ -1396,50 +1455,48 @@ static inline int walk_core(const BlockMap *m, const Keys *ks, PyObject *const *
     return 0;
 }
 
-static const char *const walk_names[] = {"keys", "counts", "fresh_after"};
-
-static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
-                         PyObject *kwnames) {
-    PyObject *a[3];
-    if (parse_args("walk", walk_names, 3, args, nargs, kwnames, a) < 0) return NULL;
+/* The walk of walk() and walk_ranked(): fills t with the final runs. Keys and counts are
+ * opened and closed here, and the map is busy only inside. */
+static int walk_collect(BlockMap *m, PyObject *keys, PyObject *counts, PyObject *fresh_obj,
+                        RunTable *t, RunState *local) {
+    t->runs = local;
+    t->nruns = 0;
+    t->rix = NULL;
+    t->rix_mask = 0;
     int64_t fresh;
-    if (as_i64(a[2], "fresh_after", &fresh) < 0) return NULL;
-    /* counts first (see upsert_many) */
-    PyObject *cseq = NULL, *out = NULL;
-    if (PyList_CheckExact(a[1]) || PyTuple_CheckExact(a[1])) {
-        cseq = Py_NewRef(a[1]);
-    } else {
-        cseq = PySequence_Fast(a[1], "counts must be a sequence of int");
-        if (cseq == NULL) return NULL;
-    }
+    if (as_i64(fresh_obj, "fresh_after", &fresh) < 0) return -1;
+    Counts cs; /* counts first (see upsert_many) */
+    if (counts_open(counts, &cs) < 0) return -1;
     Keys ks;
-    if (keys_open(a[0], &ks) < 0) {
-        Py_DECREF(cseq);
-        return NULL;
+    if (keys_open(keys, &ks) < 0) {
+        counts_close(&cs);
+        return -1;
     }
-    RunState local[RUNS_LOCAL];
-    RunTable t;
-    t.runs = local;
-    t.nruns = 0;
-    t.rix = NULL;
-    t.rix_mask = 0;
-    int entered = 0;
-
+    int rc = -1;
     /* Walks up to the shorter of keys and counts, as the pure-Python twin does. */
-    if (PySequence_Fast_GET_SIZE(cseq) < ks.n) ks.n = PySequence_Fast_GET_SIZE(cseq);
-    if (bm_enter(m) < 0) goto done;
-    entered = 1;
-    if (ks.n > 0) {
-        PyObject *const *citems = PySequence_Fast_ITEMS(cseq);
-        int rc = ks.packed != NULL ? walk_core(m, &ks, citems, fresh, 1, &t, local)
-                                   : walk_core(m, &ks, citems, fresh, 0, &t, local);
-        if (rc < 0) goto done;
+    if (cs.n < ks.n) ks.n = cs.n;
+    if (bm_enter(m) == 0) {
+        rc = 0;
+        if (ks.n > 0)
+            rc = ks.packed != NULL ? walk_core(m, &ks, &cs, fresh, 1, t, local)
+                                   : walk_core(m, &ks, &cs, fresh, 0, t, local);
+        m->busy = 0;
     }
-    /* Build the result only now: nothing below reads the table. */
-    out = PyList_New(t.nruns);
-    if (out == NULL) goto done;
-    for (Py_ssize_t j = 0; j < t.nruns; j++) {
-        const RunState *r = &t.runs[j];
+    keys_close(&ks);
+    counts_close(&cs);
+    return rc;
+}
+
+static void walk_release(RunTable *t, RunState *local) {
+    if (t->runs != local) PyMem_RawFree(t->runs);
+    PyMem_RawFree(t->rix);
+}
+
+static PyObject *runs_list(const RunTable *t) {
+    PyObject *out = PyList_New(t->nruns);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < t->nruns; j++) {
+        const RunState *r = &t->runs[j];
         PyObject *it[5];
         it[0] = PyLong_FromUnsignedLong((unsigned long)(r->rep1 - 1));
         it[1] = PyLong_FromLong((long)wrap32(r->tokens));
@@ -1448,17 +1505,95 @@ static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
         it[4] = PyLong_FromSsize_t(r->stamp + 1);
         PyObject *run = make_named(RunType, run_fast, it, 5);
         if (run == NULL) {
-            Py_CLEAR(out);
-            goto done;
+            Py_DECREF(out);
+            return NULL;
         }
         PyList_SET_ITEM(out, j, run);
     }
+    return out;
+}
+
+static const char *const walk_names[] = {"keys", "counts", "fresh_after"};
+
+static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames) {
+    PyObject *a[3];
+    if (parse_args("walk", walk_names, 3, args, nargs, kwnames, a) < 0) return NULL;
+    RunState local[RUNS_LOCAL];
+    RunTable t;
+    PyObject *out = NULL;
+    if (walk_collect(m, a[0], a[1], a[2], &t, local) == 0) out = runs_list(&t);
+    walk_release(&t, local);
+    return out;
+}
+
+/* The ranker's C entry point (inferencecache.index._rank, see _rank.h), imported on first
+ * use; NULL when that module is not available (walk_ranked then calls ranker.rank). */
+static const RankCAPI *rank_capi = NULL;
+static int rank_capi_tried = 0;
+
+static const char *const walk_ranked_names[] = {"keys", "counts", "fresh_after", "ranker",
+                                                "rank_args"};
+
+/* ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args), without creating the
+ * Run objects when ranker is the compiled Ranker. */
+static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *a[5];
+    if (parse_args("walk_ranked", walk_ranked_names, 5, args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *ranker = a[3], *rank_args = a[4];
+    if (!PyTuple_CheckExact(rank_args) || PyTuple_GET_SIZE(rank_args) != RANK_NARGS) {
+        PyErr_Format(PyExc_TypeError, "rank_args must be a tuple of %d items", RANK_NARGS);
+        return NULL;
+    }
+    if (!rank_capi_tried) {
+        rank_capi_tried = 1;
+        rank_capi = (const RankCAPI *)PyCapsule_Import(RANK_CAPI_NAME, 0);
+        if (rank_capi == NULL || rank_capi->abi != RANK_CAPI_ABI) {
+            rank_capi = NULL;
+            PyErr_Clear();
+        }
+    }
+    RunState local[RUNS_LOCAL];
+    RunTable t;
+    PyObject *out = NULL;
+    if (walk_collect(m, a[0], a[1], a[2], &t, local) < 0) goto done;
+    if (rank_capi != NULL && Py_IS_TYPE(ranker, rank_capi->ranker_type)) {
+        RankRun rlocal[RUNS_LOCAL];
+        RankRun *rr = t.nruns <= RUNS_LOCAL
+                          ? rlocal
+                          : (RankRun *)PyMem_RawMalloc((size_t)t.nruns * sizeof(RankRun));
+        if (rr == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < t.nruns; j++) {
+            const RunState *r = &t.runs[j];
+            rr[j].replica = (int64_t)r->rep1 - 1;
+            rr[j].tokens = wrap32(r->tokens);
+            rr[j].oldest = r->oldest;
+            rr[j].tier = r->tier;
+            rr[j].blocks = (int64_t)r->stamp + 1;
+        }
+        out = rank_capi->rank_runs(ranker, rr, t.nruns, PySequence_Fast_ITEMS(rank_args));
+        if (rr != rlocal) PyMem_RawFree(rr);
+    } else {
+        PyObject *runs = runs_list(&t);
+        if (runs == NULL) goto done;
+        PyObject *call[2 + 1 + RANK_NARGS];
+        call[0] = ranker;
+        call[1] = runs;
+        call[2] = Py_True;
+        for (int j = 0; j < RANK_NARGS; j++) call[3 + j] = PyTuple_GET_ITEM(rank_args, j);
+        PyObject *name = PyUnicode_InternFromString("rank");
+        if (name != NULL)
+            out = PyObject_VectorcallMethod(name, call, 3 + RANK_NARGS, NULL);
+        Py_XDECREF(name);
+        Py_DECREF(runs);
+    }
 done:
-    if (entered) m->busy = 0;
-    if (t.runs != local) PyMem_RawFree(t.runs);
-    PyMem_RawFree(t.rix);
-    Py_XDECREF(cseq);
-    keys_close(&ks);
+    walk_release(&t, local);
     return out;
 }
 
@@ -1524,29 +1659,18 @@ done:
     return result;
 }
 
-static const char *const remove_hold_names[] = {"key", "replica"};
-
-static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames) {
-    PyObject *a[2];
-    if (parse_args("remove_hold", remove_hold_names, 2, args, nargs, kwnames, a) < 0)
-        return NULL;
-    const char *kp;
-    Py_ssize_t kl;
-    if (key_view(a[0], &kp, &kl) < 0) return NULL;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return PyLong_FromLong(0);
-    uint32_t rep1 = (uint32_t)v + 1;
-    if (bm_enter(m) < 0) return NULL;
+/* Remove the hold of rep1 on one key; returns HOLD_REMOVED|KEY_REMOVED bits (0 if absent).
+ * *dropped receives a reference to release once the map is no longer busy (or NULL). The
+ * caller shrinks the map afterwards (bm_maybe_shrink) when anything was removed. */
+static int bm_remove_one(BlockMap *m, const char *kp, Py_ssize_t kl, uint32_t rep1,
+                         PyObject **dropped) {
     size_t pos;
     int bits = 0;
-    PyObject *dropped = NULL;
+    *dropped = NULL;
     if (probe(m, kp, kl, key_hash(kp, kl), &pos)) {
         Slot *s = &m->slots[pos];
         if (s->h.rep1 == rep1) {
-            bits = HOLD_REMOVED | (bm_remove_inline(m, pos, &dropped) ? KEY_REMOVED : 0);
+            bits = HOLD_REMOVED | (bm_remove_inline(m, pos, dropped) ? KEY_REMOVED : 0);
             if (m->qc != NULL && !(bits & KEY_REMOVED)) qc_note(m, pos);
         } else {
             Hold *prev = &s->h;
@@ -1566,11 +1690,91 @@ static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t n
                 nx = x->next;
             }
         }
-        if (bits) bm_maybe_shrink(m);
     }
+    return bits;
+}
+
+static const char *const remove_hold_names[] = {"key", "replica"};
+
+static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("remove_hold", remove_hold_names, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    const char *kp;
+    Py_ssize_t kl;
+    if (key_view(a[0], &kp, &kl) < 0) return NULL;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return PyLong_FromLong(0);
+    uint32_t rep1 = (uint32_t)v + 1;
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *dropped = NULL;
+    int bits = bm_remove_one(m, kp, kl, rep1, &dropped);
+    if (bits) bm_maybe_shrink(m);
     m->busy = 0;
     Py_XDECREF(dropped);
     return PyLong_FromLong(bits);
+}
+
+static const char *const remove_holds_names[] = {"keys", "replica"};
+
+/* remove_hold for each key in order (a batched PREFIX_EVICTED); keys as a sequence of bytes or
+ * one packed bytes of 8-byte keys. Returns (holds removed, keys removed). */
+static PyObject *BM_remove_holds(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("remove_holds", remove_holds_names, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    Keys ks;
+    if (keys_open(a[0], &ks) < 0) return NULL;
+    PyObject *result = NULL;
+    PyObject *dropped_all = NULL; /* references to release once the map is not busy */
+    /* Validate everything first so a bad element leaves the map untouched. */
+    if (ks.packed == NULL) {
+        for (Py_ssize_t i = 0; i < ks.n; i++) {
+            const char *kp;
+            Py_ssize_t kl;
+            if (key_view(ks.items[i], &kp, &kl) < 0) goto done;
+        }
+    }
+    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) { /* no such replica: nothing held */
+        result = Py_BuildValue("(nn)", (Py_ssize_t)0, (Py_ssize_t)0);
+        goto done;
+    }
+    dropped_all = PyList_New(0);
+    if (dropped_all == NULL) goto done;
+    if (bm_enter(m) < 0) goto done;
+    {
+        uint32_t rep1 = (uint32_t)v + 1;
+        Py_ssize_t holds = 0, keys = 0;
+        int failed = 0;
+        for (Py_ssize_t i = 0; i < ks.n; i++) {
+            const char *kp = NULL;
+            Py_ssize_t kl = 0;
+            keys_get(&ks, i, &kp, &kl); /* validated above: cannot fail */
+            PyObject *dropped = NULL;
+            int bits = bm_remove_one(m, kp, kl, rep1, &dropped);
+            if (dropped != NULL) {
+                int rc = PyList_Append(dropped_all, dropped);
+                Py_DECREF(dropped); /* the list keeps it alive (or it is a plain bytes) */
+                if (rc < 0) failed = 1;
+            }
+            holds += (bits & HOLD_REMOVED) != 0;
+            keys += (bits & KEY_REMOVED) != 0;
+        }
+        if (holds) bm_maybe_shrink(m);
+        m->busy = 0;
+        if (!failed) result = Py_BuildValue("(nn)", holds, keys);
+    }
+done:
+    Py_XDECREF(dropped_all);
+    keys_close(&ks);
+    return result;
 }
 
 static PyObject *BM_remove_key(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
@@ -2668,10 +2872,15 @@ static PyMethodDef BM_methods[] = {
      "holders(key, fresh_after) -> [(replica, tokens, last_seen, tier)]"},
     {"walk", (PyCFunction)(void (*)(void))BM_walk, FASTKW,
      "walk(keys, counts, fresh_after) -> [Run]: leading runs of a request chain"},
+    {"walk_ranked", (PyCFunction)(void (*)(void))BM_walk_ranked, FASTKW,
+     "walk_ranked(keys, counts, fresh_after, ranker, rank_args): "
+     "ranker.rank(walk(keys, counts, fresh_after), True, *rank_args)"},
     {"credit", (PyCFunction)(void (*)(void))BM_credit, FASTKW,
      "credit(keys, blocks, replica): access += 1 on the replica's holds of keys[:blocks]"},
     {"remove_hold", (PyCFunction)(void (*)(void))BM_remove_hold, FASTKW,
      "remove_hold(key, replica) -> HOLD_REMOVED|KEY_REMOVED bits"},
+    {"remove_holds", (PyCFunction)(void (*)(void))BM_remove_holds, FASTKW,
+     "remove_holds(keys, replica) -> (holds removed, keys removed): remove_hold per key"},
     {"remove_replica", (PyCFunction)(void (*)(void))BM_remove_replica, FASTKW,
      "remove_replica(replica) -> (holds removed, keys removed)"},
     {"remove_key", (PyCFunction)(void (*)(void))BM_remove_key, FASTKW,

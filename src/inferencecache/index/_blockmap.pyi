@@ -1,9 +1,9 @@
 """Type stub of the compiled PartitionStore (``_blockmap.c``); see ``docs/index-store.md``."""
 
 from collections.abc import Iterator, Sequence
-from typing import final
+from typing import Any, final
 
-from inferencecache.index.store import Hold, Run
+from inferencecache.index.store import Hold, Run, RunRanker
 
 NEW_KEY: int
 NEW_HOLD: int
@@ -32,8 +32,17 @@ class BlockMap:
     def walk(
         self, keys: Sequence[bytes] | bytes, counts: Sequence[int], fresh_after: int
     ) -> list[Run]: ...
+    def walk_ranked(
+        self,
+        keys: Sequence[bytes] | bytes,
+        counts: Sequence[int],
+        fresh_after: int,
+        ranker: RunRanker,
+        rank_args: tuple[Any, ...],
+    ) -> Any: ...
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None: ...
     def remove_hold(self, key: bytes, replica: int) -> int: ...
+    def remove_holds(self, keys: Sequence[bytes] | bytes, replica: int) -> tuple[int, int]: ...
     def remove_replica(self, replica: int) -> tuple[int, int]: ...
     def remove_key(self, key: bytes) -> list[int]: ...
     def sweep(self, stale_at_or_before: int) -> tuple[dict[int, int], int]: ...

@@ -14,7 +14,7 @@ from inferencecache.index import eviction, ingest
 from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
-from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, UpdateLike
+from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
 from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTable
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState
@@ -64,15 +64,17 @@ class Index:
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def apply_update(self, update: UpdateLike) -> None:
-        """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap."""
+    def apply_update(self, update: UpdateLike | PackedUpdate) -> None:
+        """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap. The
+        compact form of the server's wire parser (``PackedUpdate``) gives the same result."""
         self._apply_update(update, allow_probe=False)
 
     def apply_event(self, event: EventLike) -> None:
-        """Apply one CacheEvent (§4.4)."""
+        """Apply one CacheEvent (§4.4); a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
+        applies every hash under this one lock."""
         self._apply_event(event, allow_probe=False)
 
-    def _apply_update(self, update: UpdateLike, *, allow_probe: bool) -> None:
+    def _apply_update(self, update: UpdateLike | PackedUpdate, *, allow_probe: bool) -> None:
         now = self.clock.now_us()
         st = self._state
         with self._lock:

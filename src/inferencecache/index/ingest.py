@@ -3,17 +3,31 @@
 Quota and cap enforcement, metric flushing and locking are the facade's job (``Index``); the
 functions here only mutate holds, views and stats rows. Consecutive prefix entries that land in
 the same partition with the same tier are written with one ``upsert_many`` call (the subscriber
-sends one legacy entry per block, so a whole update is usually one call).
+sends one legacy entry per block, so a whole update is usually one call). An update may also
+come in the server's compact form (``PackedUpdate``: runs of legacy entries as one packed bytes
+of hashes plus their token counts), which goes to the store without a Python step per entry;
+both forms give the same state, counters and metrics. A batched ``PREFIX_EVICTED`` (field 8,
+``prefix_hashes``) removes all its hashes with one store call per partition.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from itertools import accumulate
 
 from inferencecache.index.eviction import note_upsert
-from inferencecache.index.model import PROBE_TENANT, EventLike, EventType, StatsLike, UpdateLike
+from inferencecache.index.model import (
+    PROBE_TENANT,
+    EventLike,
+    EventType,
+    LegacyRun,
+    PackedUpdate,
+    PrefixLike,
+    StatsLike,
+    UpdateLike,
+)
 from inferencecache.index.state import IndexState, StatsRow
 from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED
 
@@ -68,7 +82,7 @@ def clean_rate(x: float) -> float:
     return v if math.isfinite(v) else 0.0
 
 
-def _stats_of(u: UpdateLike) -> StatsLike | None:
+def _stats_of(u: UpdateLike | PackedUpdate) -> StatsLike | None:
     stats = u.stats
     if stats is None:
         return None
@@ -78,22 +92,62 @@ def _stats_of(u: UpdateLike) -> StatsLike | None:
     return stats
 
 
-def apply_update(st: IndexState, u: UpdateLike, now_us: int, *, allow_probe: bool = False) -> bool:
+Entries = Sequence[LegacyRun | PrefixLike]
+
+
+def _entry_count(items: Entries) -> int:
+    return sum(len(x.token_counts) if type(x) is LegacyRun else 1 for x in items)
+
+
+def _first_entries(items: Entries, limit: int) -> list[LegacyRun | PrefixLike]:
+    """The first ``limit`` entries of a compact update (a run may be cut)."""
+    out: list[LegacyRun | PrefixLike] = []
+    left = limit
+    for x in items:
+        if left <= 0:
+            break
+        if type(x) is LegacyRun:
+            n = len(x.token_counts)
+            if n > left:
+                x = LegacyRun(x.hashes[: 8 * left], x.token_counts[:left], x.tier, x.adapter_id)
+                n = left
+            left -= n
+        else:
+            left -= 1
+        out.append(x)
+    return out
+
+
+def apply_update(
+    st: IndexState, u: UpdateLike | PackedUpdate, now_us: int, *, allow_probe: bool = False
+) -> bool:
     """Apply one update (§4.2 steps 1-3). Returns False when it was skipped (probe tenant)."""
     tenant = u.tenant_id
     if tenant == PROBE_TENANT and not allow_probe:
         return False
     ts = u.timestamp_us or now_us
     model = u.model_id
-    prefixes = u.prefixes
-    n_entries = len(prefixes)
+    items: Entries
+    if isinstance(u, PackedUpdate):
+        items = u.entries
+        n_entries = _entry_count(items)
+    else:
+        items = u.prefixes
+        n_entries = len(items)
     if n_entries:
         scheme = u.hash_scheme
         if not scheme:
             st.dropped[DROP_EMPTY_SCHEME] += n_entries
         else:
             note_upsert(st, ts)
-            _apply_prefixes(st, u, tenant, model, scheme, ts, n_entries)
+            if (
+                len(items) == 1
+                and type(run := items[0]) is LegacyRun
+                and n_entries <= st.settings.max_entries_per_update
+            ):
+                _apply_run(st, u, run, tenant, model, scheme, ts)
+            else:
+                _apply_prefixes(st, u, items, tenant, model, scheme, ts, n_entries)
     stats = _stats_of(u)
     if stats is not None:
         rid = st.replicas.intern(u.replica_id)
@@ -109,9 +163,41 @@ def apply_update(st: IndexState, u: UpdateLike, now_us: int, *, allow_probe: boo
     return True
 
 
+def _apply_run(
+    st: IndexState,
+    u: UpdateLike | PackedUpdate,
+    run: LegacyRun,
+    tenant: str,
+    model: str,
+    scheme: str,
+    ts: int,
+) -> None:
+    """An update that is one ``LegacyRun`` (a subscriber's whole update): ``_apply_prefixes``
+    without its per-entry machinery; the same rules, the same single store call."""
+    counts = run.token_counts
+    n = len(counts)
+    if len(run.hashes) != 8 * n:
+        raise ValueError(f"LegacyRun: {len(run.hashes)} hash bytes for {n} entries")
+    rid = st.replicas.intern(u.replica_id)
+    if st.settings.max_hash_bytes < 8:
+        st.dropped[DROP_HASH_TOO_LONG] += n
+        return
+    tier = run.tier
+    if tier == 0:
+        tier = TIER_T1
+    elif tier < 0 or tier > TIER_INVALID:
+        tier = TIER_INVALID
+    if min(counts) < _I32_MIN or max(counts) > _I32_MAX:
+        counts = [wrap32(c) for c in counts]
+    part = st.partition(tenant, model, scheme, run.adapter_id or u.adapter_id)
+    nk, nh = part.store.upsert_many(run.hashes, counts, rid, ts, tier)
+    st.added(part, rid, nk, nh)
+
+
 def _apply_prefixes(
     st: IndexState,
-    u: UpdateLike,
+    u: UpdateLike | PackedUpdate,
+    entries: Entries,
     tenant: str,
     model: str,
     scheme: str,
@@ -122,26 +208,36 @@ def _apply_prefixes(
     max_entries = settings.max_entries_per_update
     max_blocks = settings.max_blocks_per_entry
     max_hash = settings.max_hash_bytes
-    entries = u.prefixes
     if n_entries > max_entries:
         st.dropped[DROP_TOO_MANY_ENTRIES] += n_entries - max_entries
-        entries = entries[:max_entries]
+        if isinstance(u, PackedUpdate):
+            entries = _first_entries(entries, max_entries)
+        else:
+            entries = entries[:max_entries]
     rid = st.replicas.intern(u.replica_id)
     default_adapter = u.adapter_id
     dropped = st.dropped
-    # the current batch: one partition (adapter) and one stored tier
+    # the current batch: one partition (adapter), one stored tier, one key form
     cur_adapter: str | None = None
     cur_tier = 0
+    cur_packed = False
     keys: list[bytes] = []
+    packed: list[bytes] = []  # LegacyRun hashes, concatenated at the flush
     toks: list[int] = []
 
     def flush() -> None:
-        if keys and cur_adapter is not None:
-            part = st.partition(tenant, model, scheme, cur_adapter)
-            nk, nh = part.store.upsert_many(keys, toks, rid, ts, cur_tier)
-            st.added(part, rid, nk, nh)
-            keys.clear()
-            toks.clear()
+        if cur_adapter is None or not toks:
+            return
+        part = st.partition(tenant, model, scheme, cur_adapter)
+        if packed:
+            arg: list[bytes] | bytes = packed[0] if len(packed) == 1 else b"".join(packed)
+        else:
+            arg = keys
+        nk, nh = part.store.upsert_many(arg, toks, rid, ts, cur_tier)
+        st.added(part, rid, nk, nh)
+        keys.clear()
+        packed.clear()
+        toks.clear()
 
     for p in entries:
         tier = p.tier
@@ -150,6 +246,26 @@ def _apply_prefixes(
         elif tier < 0 or tier > TIER_INVALID:
             tier = TIER_INVALID
         adapter = p.adapter_id or default_adapter
+        if isinstance(p, LegacyRun):
+            counts = p.token_counts
+            n = len(counts)
+            if not n:
+                continue
+            if len(p.hashes) != 8 * n:
+                raise ValueError(f"LegacyRun: {len(p.hashes)} hash bytes for {n} entries")
+            if max_hash < 8:
+                dropped[DROP_HASH_TOO_LONG] += n
+                continue
+            if min(counts) < _I32_MIN or max(counts) > _I32_MAX:
+                counts = [wrap32(c) for c in counts]
+            if adapter != cur_adapter or tier != cur_tier or not cur_packed:
+                flush()
+                cur_adapter = adapter
+                cur_tier = tier
+                cur_packed = True
+            packed.append(p.hashes)
+            toks.extend(counts)
+            continue
         hashes = p.block_hashes
         counts = p.block_token_counts
         nb = len(hashes)
@@ -168,10 +284,11 @@ def _apply_prefixes(
             cum = list(accumulate(counts))
             if min(cum) < _I32_MIN or max(cum) > _I32_MAX:
                 cum = [wrap32(c) for c in cum]
-            if adapter != cur_adapter or tier != cur_tier:
+            if adapter != cur_adapter or tier != cur_tier or cur_packed:
                 flush()
                 cur_adapter = adapter
                 cur_tier = tier
+                cur_packed = False
             keys.extend(hashes)
             toks.extend(cum)
             if ph:
@@ -182,14 +299,20 @@ def _apply_prefixes(
             if len(ph) > max_hash:
                 dropped[DROP_HASH_TOO_LONG] += 1
                 continue
-            if adapter != cur_adapter or tier != cur_tier:
+            if adapter != cur_adapter or tier != cur_tier or cur_packed:
                 flush()
                 cur_adapter = adapter
                 cur_tier = tier
+                cur_packed = False
             keys.append(ph)
             tc = p.token_count
             toks.append(tc if _I32_MIN <= tc <= _I32_MAX else wrap32(tc))
     flush()
+
+
+_EVICTED = int(EventType.PREFIX_EVICTED)  # plain ints: an enum attribute costs more per event
+_CLEARED = int(EventType.ALL_CLEARED)
+_UPDATED = int(EventType.REPLICA_UPDATED)
 
 
 def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool = False) -> bool:
@@ -198,20 +321,30 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
     if tenant == PROBE_TENANT and not allow_probe:
         return False
     typ = e.type
-    if typ == EventType.PREFIX_EVICTED:
+    if typ == _EVICTED:
         rid = st.replicas.get(e.replica_id)
         parts = st.parts_by_tm.get((tenant, e.model_id))
         if rid is None or not parts:
             return True
         key = e.prefix_hash
         adapter = e.adapter_id
+        more = getattr(e, "prefix_hashes", None)
+        if more:  # batched: the same per-hash rule for every hash, one store call per partition
+            keys = [key, *more]
+            for part in list(parts.values()):
+                if adapter and part.adapter != adapter:
+                    continue
+                holds, gone = part.store.remove_holds(keys, rid)
+                if holds:
+                    st.removed_per_replica(part, {rid: holds}, gone)
+            return True
         for part in list(parts.values()):
             if adapter and part.adapter != adapter:
                 continue
             bits = part.store.remove_hold(key, rid)
             if bits & HOLD_REMOVED:
                 st.removed_per_replica(part, {rid: 1}, 1 if bits & KEY_REMOVED else 0)
-    elif typ == EventType.ALL_CLEARED:
+    elif typ == _CLEARED:
         rid = st.replicas.get(e.replica_id)
         if rid is None:
             return True
@@ -221,7 +354,7 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             if holds:
                 st.removed_per_replica(part, {rid: holds}, gone)
         st.drop_stats(tm, rid)
-    elif typ == EventType.REPLICA_UPDATED:
+    elif typ == _UPDATED:
         rid = st.replicas.get(e.replica_id)
         if rid is None:
             return True

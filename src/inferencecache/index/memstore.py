@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
-from typing import Union
+from typing import Any, Union
 
 from inferencecache.fingerprint import split_packed
-from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED, NEW_HOLD, NEW_KEY, Hold, Run
+from inferencecache.index.store import (
+    HOLD_REMOVED,
+    KEY_REMOVED,
+    NEW_HOLD,
+    NEW_KEY,
+    Hold,
+    Run,
+    RunRanker,
+)
 
 # holder forms: inline single holder, or replica -> (tokens, last_seen, tier, access)
 _Single = tuple[int, int, int, int, int]
@@ -31,6 +39,11 @@ _Holders = Union[_Single, _Multi]  # noqa: UP007 - a runtime alias needs Union o
 _CHUNK = 64
 """Blocks probed per C-level ``map`` in a single-replica walk (bounds wasted probes after a
 run ends)."""
+
+
+def _split(packed: bytes) -> list[bytes]:
+    """Packed 8-byte keys -> a list; a trailing partial key is ignored (as by the C store)."""
+    return split_packed(packed[: len(packed) - len(packed) % 8])
 
 
 def wrap32(x: int) -> int:
@@ -80,8 +93,15 @@ class MemStore:
         return 0
 
     def upsert_many(
-        self, keys: Sequence[bytes], tokens: Sequence[int], replica: int, last_seen: int, tier: int
+        self,
+        keys: Sequence[bytes] | bytes,
+        tokens: Sequence[int],
+        replica: int,
+        last_seen: int,
+        tier: int,
     ) -> tuple[int, int]:
+        if isinstance(keys, bytes):
+            keys = _split(keys)
         m = self._m
         new_keys = 0
         new_holds = 0
@@ -107,6 +127,16 @@ class MemStore:
                     v[replica] = (tok, last_seen, tier, h[3])
         self._holds += new_holds
         return new_keys, new_holds
+
+    def walk_ranked(
+        self,
+        keys: Sequence[bytes] | bytes,
+        counts: Sequence[int],
+        fresh_after: int,
+        ranker: RunRanker,
+        rank_args: tuple[Any, ...],
+    ) -> Any:
+        return ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args)
 
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None:
         m = self._m
@@ -143,6 +173,21 @@ class MemStore:
             ((r, h),) = v.items()
             m[key] = (r, h[0], h[1], h[2], h[3])
         return HOLD_REMOVED
+
+    def remove_holds(self, keys: Sequence[bytes] | bytes, replica: int) -> tuple[int, int]:
+        seq = _split(keys) if isinstance(keys, bytes) else keys
+        for key in seq:
+            if not isinstance(key, bytes):
+                raise TypeError(f"a key must be bytes, not {type(key).__name__}")
+        holds = gone = 0
+        remove = self.remove_hold
+        for key in seq:
+            bits = remove(key, replica)
+            if bits:
+                holds += 1
+                if bits & KEY_REMOVED:
+                    gone += 1
+        return holds, gone
 
     def remove_replica(self, replica: int) -> tuple[int, int]:
         m = self._m

@@ -81,6 +81,9 @@ class StatsLike(Protocol):
 
 
 class EventLike(Protocol):
+    """One CacheEvent. A batched ``PREFIX_EVICTED`` also carries ``prefix_hashes`` (field 8,
+    read with ``getattr``: shapes without it are single-hash events)."""
+
     @property
     def type(self) -> int: ...
     @property
@@ -160,6 +163,41 @@ class Event:
     tenant_id: str = ""
     prefix_hash: bytes = b""
     timestamp_us: int = 0
+    adapter_id: str = ""
+    prefix_hashes: Sequence[bytes] = ()
+
+
+@dataclass(slots=True)
+class LegacyRun:
+    """Consecutive legacy ``PrefixEntry`` messages of one update in a compact form: no chain
+    fields, 8-byte ``prefix_hash`` each, one wire ``tier`` and one entry-level ``adapter_id``.
+
+    ``hashes`` is the entries' prefix hashes concatenated (8 bytes each, wire order) and
+    ``token_counts[i]`` entry i's ``token_count`` (int32). Applying a run equals applying its
+    entries one by one (contract §4.2), with one store call.
+    """
+
+    hashes: bytes
+    token_counts: Sequence[int]
+    tier: int = 0
+    adapter_id: str = ""
+
+
+@dataclass(slots=True)
+class PackedUpdate:
+    """A CacheStateUpdate in the compact form of the server's wire parser (``ingestwire``).
+
+    ``entries`` holds the ``PrefixEntry`` list in wire order, runs of legacy entries as
+    ``LegacyRun`` and any other entry as a ``PrefixLike``. Everything else is as in ``Update``.
+    """
+
+    replica_id: str = ""
+    model_id: str = ""
+    tenant_id: str = ""
+    hash_scheme: str = ""
+    timestamp_us: int = 0
+    entries: Sequence[LegacyRun | PrefixLike] = ()
+    stats: StatsLike | None = None
     adapter_id: str = ""
 
 

@@ -126,6 +126,18 @@ class EffectivePolicy:
     require_chain: bool
     enable_tenant_hot: bool
     quota: int | None  # >= 0, None = unbounded
+    # Derived: a chain request needs none of the §5.1 steps 2-8 decisions beyond its own
+    # shape (no policy deadline, no require_chain, no minimum_prefix_tokens; Router.lookup).
+    plain_chain: bool = field(init=False, default=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        plain = (
+            self.enable_chain_matching
+            and not self.require_chain
+            and self.lookup_timeout_ms <= 0
+            and self.minimum_prefix_tokens <= 0
+        )
+        object.__setattr__(self, "plain_chain", plain)
 
 
 def _effective(p: TenantPolicy, quota: int | None, default_ttl_us: int) -> EffectivePolicy:
@@ -149,10 +161,25 @@ def _effective(p: TenantPolicy, quota: int | None, default_ttl_us: int) -> Effec
     )
 
 
-class PolicyTable:
-    """tenant -> ``EffectivePolicy`` (defaults for unknown tenants) plus the quota list."""
+class _ByTenant(dict[str, "EffectivePolicy"]):
+    """tenant -> policy; a missing tenant reads as the default (not inserted), so ``m[t]`` is
+    one C-level lookup for configured tenants (``PolicyTable.get`` is a Python call)."""
 
-    __slots__ = ("_by_tenant", "config", "default", "quotas")
+    __slots__ = ("default",)
+
+    def __init__(self, items: dict[str, EffectivePolicy], default: EffectivePolicy) -> None:
+        super().__init__(items)
+        self.default = default
+
+    def __missing__(self, tenant: str) -> EffectivePolicy:
+        return self.default
+
+
+class PolicyTable:
+    """tenant -> ``EffectivePolicy`` (defaults for unknown tenants) plus the quota list.
+    ``by_tenant[t]`` equals ``get(t)`` (the lookup path reads it)."""
+
+    __slots__ = ("_by_tenant", "by_tenant", "config", "default", "quotas")
 
     def __init__(self, config: IndexConfig, default_ttl_us: int) -> None:
         self.config = config
@@ -167,6 +194,7 @@ class PolicyTable:
             pol = config.policies.get(tenant, TenantPolicy())
             by_tenant[tenant] = _effective(pol, quotas.get(tenant), default_ttl_us)
         self._by_tenant = by_tenant
+        self.by_tenant: Mapping[str, EffectivePolicy] = _ByTenant(by_tenant, self.default)
 
     def get(self, tenant: str) -> EffectivePolicy:
         return self._by_tenant.get(tenant, self.default)

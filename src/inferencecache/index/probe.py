@@ -18,7 +18,7 @@ from typing import Any
 
 from inferencecache.index.facade import Index
 from inferencecache.index.model import PROBE_TENANT, Event, EventType, Prefix, Reason, Stats, Update
-from inferencecache.index.route import _orchestrate
+from inferencecache.index.route import _orchestrate, rankers
 
 MAX_PROBE_BODY = 4096
 PROBE_BLOCK_TOKENS = 16
@@ -97,6 +97,7 @@ class Prober:
 
     def __init__(self, index: Index) -> None:
         self._index = index
+        self._rankers = rankers()
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[threading.Lock, int]] = {}
 
@@ -193,9 +194,11 @@ class Prober:
         st = index._state
         with index._lock:
             pol = st.policies.get(PROBE_TENANT)
-            strategy, rows, _ = _orchestrate(
+            strategy, rows, _, _ = _orchestrate(
                 st,
-                pol,
+                self._rankers,
+                st.replicas.names,
+                index.settings,
                 PROBE_TENANT,
                 req.model,
                 req.hash_scheme,
@@ -204,6 +207,10 @@ class Prober:
                 [PROBE_BLOCK_TOKENS],
                 h,
                 index.clock.now_us(),
+                pol.ttl_us,
+                index.settings.pressure_weight,
                 0.0,
+                0,
+                False,
             )
         return strategy == Reason.PREFIX_MATCH and any(r.replica_id == replica for r in rows)

@@ -9,12 +9,15 @@ the reference's. Factors equal to 1 skip their multiplication (exact either way)
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Protocol, TypeVar
 
-from inferencecache.index.ingest import f32
-from inferencecache.index.model import Reason
+from inferencecache.index.ingest import f32, report_tier
+from inferencecache.index.model import Reason, ReplicaScore
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState, StatsRow
 
@@ -77,7 +80,11 @@ def slo_coeff(settings: IndexSettings, ttft_ms: int) -> float:
 
 
 def pressure_factor(settings: IndexSettings, pressure: float) -> float:
-    pf = 1.0 - settings.pressure_weight * pressure
+    return _pressure_factor(settings.pressure_weight, pressure)
+
+
+def _pressure_factor(weight: float, pressure: float) -> float:
+    pf = 1.0 - weight * pressure
     if pf <= 0.0:
         return 0.0
     if pf >= 1.0:
@@ -134,6 +141,71 @@ def chain_dp(rows: list[Row], total: int) -> list[float]:
     matched = sorted(r.matched for r in rows)
     n = len(matched)
     return [dp_factor(n - bisect_left(matched, r.matched), total) for r in rows]
+
+
+class PyRanker:
+    """The PREFIX_MATCH scoring step (§5.4, §5.5, G1 of §5.8) in Python: the reference twin of
+    the compiled ``_rank.Ranker`` and its fallback (the compiled one returns None for inputs it
+    does not mirror exactly, and the caller then runs this).
+
+    ``rank(rows, chain, names, now_us, ttl_us, total, stats, pressure_weight, slo, min_matched,
+    want_credit) -> (scored, scores, credit)``: ``rows`` is the store's answer (``walk`` Runs
+    when ``chain``, else ``holders`` tuples), ``names`` the replica id -> name list, ``total``
+    the DP denominator, ``stats`` the ``(tenant, model)`` stats rows or None. Returns the number
+    of scored rows before G1, the ranked ``score_type`` objects that pass G1 (``min_matched``),
+    and when ``want_credit`` the ``(replica id, blocks)`` of each for the LFU credit.
+    """
+
+    __slots__ = ("_cls",)
+
+    def __init__(self, score_type: type[ReplicaScore]) -> None:
+        self._cls = score_type
+
+    def rank(
+        self,
+        rows: Sequence[tuple[int, ...]],
+        chain: bool,
+        names: Sequence[str | None],
+        now_us: int,
+        ttl_us: int,
+        total: int,
+        stats: dict[int, StatsRow] | None,
+        pressure_weight: float,
+        slo: float,
+        min_matched: int,
+        want_credit: bool,
+    ) -> tuple[int, list[ReplicaScore], list[tuple[int, int]] | None]:
+        fresh_after = now_us - ttl_us
+        out: list[Row] = []
+        if chain:
+            for rid, tokens, oldest, tier, blocks in rows:
+                if tokens <= 0:
+                    continue
+                f = f32(freshness(now_us - oldest, ttl_us))
+                if f <= 0.0:
+                    continue
+                out.append(Row(0.0, names[rid] or "", tokens, f, report_tier(tier), rid, blocks))
+            dps = chain_dp(out, total) if out else []
+        else:
+            dp = dp_factor(len(rows), total)
+            for rid, tokens, last_seen, tier in rows:
+                f = f32(freshness(now_us - last_seen, ttl_us))
+                if f <= 0.0:
+                    continue
+                blocks = 1 if tokens > 0 else 0
+                out.append(Row(0.0, names[rid] or "", tokens, f, report_tier(tier), rid, blocks))
+            dps = [dp] * len(out)
+        for row, dp in zip(out, dps, strict=True):
+            pf = _pressure_factor(pressure_weight, fresh_pressure(stats, row.rid, fresh_after))
+            row.score = prefix_match_score(row.matched, row.prob, pf, slo, dp)
+        rank(out)
+        scored = len(out)
+        if min_matched > 0:
+            out = [r for r in out if r.matched >= min_matched]
+        cls = self._cls
+        scores = [cls(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in out]
+        credit = [(r.rid, r.blocks) for r in out] if want_credit else None
+        return scored, scores, credit
 
 
 def tenant_hot(
@@ -200,7 +272,7 @@ def _seed_of_packed(packed: bytes) -> bytes:
 def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
     """§5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
     if isinstance(keys, bytes):
-        return _seed_of_packed(keys)
+        return _packed_seed(keys)
     if set(map(len, keys)) == {8}:
         return _LEN8 + _LEN8.join(keys)
     return b"".join(struct.pack(">I", len(h)) + h for h in keys)
@@ -210,3 +282,64 @@ def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
     """§5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
     head = hashlib.sha256(seed).digest()[:8]
     return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled ``_rank`` module, or None (not built, or ``INFERENCECACHE_PURE_PYTHON``);
+    a missing build is an ImportError under ``INFERENCECACHE_REQUIRE_NATIVE``."""
+    if _env_flag("INFERENCECACHE_PURE_PYTHON"):
+        return None
+    try:
+        from inferencecache.index import _rank
+    except ImportError:
+        if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
+            raise
+        return None
+    return _rank
+
+
+class RankerLike(Protocol):
+    """What ``PyRanker`` and the compiled ``_rank.Ranker`` share; the compiled ``rank`` may
+    return None (run the twin)."""
+
+    def __init__(self, score_type: type[ReplicaScore]) -> None: ...
+
+    def rank(
+        self,
+        rows: Sequence[tuple[int, ...]],
+        chain: bool,
+        names: Sequence[str | None],
+        now_us: int,
+        ttl_us: int,
+        total: int,
+        stats: dict[int, StatsRow] | None,
+        pressure_weight: float,
+        slo: float,
+        min_matched: int,
+        want_credit: bool,
+    ) -> tuple[int, list[ReplicaScore], list[tuple[int, int]] | None] | None: ...
+
+
+_COMPILED = _compiled()
+CompiledRanker: type[RankerLike] | None = _COMPILED.Ranker if _COMPILED is not None else None
+"""The compiled ranker class when built and enabled, else None."""
+RANKER_IMPLEMENTATION = "native" if _COMPILED is not None else "python"
+_packed_seed: Callable[[bytes], bytes] = (
+    _COMPILED.packed_seed if _COMPILED is not None else _seed_of_packed
+)
+
+_T = TypeVar("_T")
+
+
+def record_maker(cls: type[_T], fields: tuple[str, ...]) -> Callable[..., _T]:
+    """A positional constructor of ``cls`` (a dataclass with ``slots=True`` whose ``__init__``
+    only assigns ``fields``, in that order): the compiled ``_rank.Record`` fills the slots
+    without running ``__init__`` (~0.05 µs instead of ~0.3 µs); else ``cls`` itself."""
+    if _COMPILED is None:
+        return cls
+    maker: Callable[..., _T] = _COMPILED.Record(cls, fields)
+    return maker

@@ -9,14 +9,17 @@ lock so it sees one consistent index state.
 from __future__ import annotations
 
 import threading
+import time
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from inferencecache import fingerprint
+from inferencecache.index.clock import SystemClock
 from inferencecache.index.facade import Index
-from inferencecache.index.ingest import wrap32
-from inferencecache.index.lookup import match_chain, match_exact
+from inferencecache.index.ingest import f32, wrap32
+from inferencecache.index.lookup import match_chain, match_exact, rank_args
 from inferencecache.index.model import (
     MAX_TOKENS,
     PROBE_TENANT,
@@ -27,14 +30,16 @@ from inferencecache.index.model import (
 )
 from inferencecache.index.policy import EffectivePolicy
 from inferencecache.index.ranking import (
-    Row,
+    CompiledRanker,
+    PyRanker,
+    RankerLike,
     affinity_pick,
     chain_seed,
     classify,
-    slo_coeff,
+    record_maker,
     tenant_hot,
 )
-from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS
+from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS, IndexSettings
 from inferencecache.index.state import IndexState, Partition
 
 
@@ -55,6 +60,20 @@ _OK = 0
 _FAIL = 1
 _TIMEOUT = 2
 _NO_TOKENS: Sequence[int] = ()
+_PREFIX_MATCH = Reason.PREFIX_MATCH
+_TENANT_HOT = Reason.TENANT_HOT
+_NO_HINT = Reason.NO_HINT
+_TIMEOUT_R = Reason.TIMEOUT
+_time_ns = time.time_ns  # SystemClock.now_us() == _time_ns() // 1000, without the Python call
+
+Prelude = (
+    LookupResult
+    | tuple[
+        Sequence[bytes] | bytes | None, Sequence[int], bytes, float | None, int, int, int | None,
+        Sequence[int], bool,
+    ]
+)  # fmt: skip
+"""What ``Router._prelude`` hands back: an early response or the resolved inputs."""
 
 
 def _utf8_len_over(text: str, limit: int) -> bool:
@@ -89,7 +108,11 @@ def _varints_truncating(buf: bytes) -> list[int]:
 
 
 class Router:
-    """LookupRoute over an ``Index``; thread-safe (call ``lookup`` from any thread)."""
+    """LookupRoute over an ``Index``; thread-safe (call ``lookup`` from any thread).
+
+    The index's clock, lock, state and settings are read once here (they never change for an
+    ``Index``), so a lookup does not walk attribute chains for them.
+    """
 
     def __init__(
         self,
@@ -104,6 +127,29 @@ class Router:
         self._slot_count = tokenize_slots
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        settings = index.settings
+        clock = index.clock
+        # SystemClock.monotonic is time.monotonic behind a Python call; skip that call
+        self._mono = time.monotonic if type(clock) is SystemClock else clock.monotonic
+        self._now_us = clock.now_us
+        self._lock = index._lock
+        self._state = index._state
+        self._names = index._state.replicas.names
+        self._settings = settings
+        self._pressure_weight = settings.pressure_weight
+        self._max_blocks = settings.max_blocks_per_entry
+        tight, bias = settings.slo_tight_ttft_ms, settings.slo_tight_bias
+        # slo_coeff(settings, ttft) == (bias32 if 0 < ttft < tight else 0.0)
+        self._slo_tight = tight
+        self._slo_bias = f32(bias) if tight > 0 and bias > 0 else 0.0
+        self._rankers = rankers()
+        self._ranker, self._twin = self._rankers
+        self._uniform_counts: dict[int, Sequence[int]] = {}
+        self._sysclock = type(clock) is SystemClock
+        self._result = record_maker(
+            LookupResult,
+            ("reason_code", "replica_scores", "lookup_latency_us", "token_ids", "adapter_id"),
+        )
 
     @property
     def index(self) -> Index:
@@ -120,17 +166,133 @@ class Router:
 
     def lookup(self, req: LookupRequest) -> LookupResult:
         """One LookupRoute (§5.1). Never raises for any well-typed request."""
-        index = self._index
-        clock = index.clock
-        start = clock.monotonic()
+        mono = self._mono
+        start = mono()
         tenant = req.tenant_id
         # 1. probe tenant
         if tenant == PROBE_TENANT:
-            return LookupResult(Reason.NO_HINT)
-        st = index._state
-        pol = st.policies.get(tenant)
-        settings = index.settings
+            return LookupResult(_NO_HINT)
+        st = self._state
+        pol = st.policies.by_tenant[tenant]
 
+        bh = req.block_hashes
+        counts_wire = req.block_token_counts
+        n_hashes = len(bh) >> 3
+        if (
+            pol.plain_chain
+            and req.packed_hashes
+            and type(bh) is bytes
+            and req.deadline is None
+            and not len(bh) & 7
+            and 0 < n_hashes <= self._max_blocks
+            and n_hashes == len(counts_wire)
+        ):
+            # The usual gateway request: a well-formed packed chain under a policy without
+            # deadline, require_chain or minimum_prefix_tokens. Steps 2-8 below would decide
+            # exactly this (no deadline, the chain resolves as given, nothing to gate).
+            keys: Sequence[bytes] | bytes | None = bh
+            counts: Sequence[int] = counts_wire
+            exact_hash = req.prefix_hash
+            deadline: float | None = None
+            timeout_ms = 0
+            min_prefix = 0
+            effective: int | None = None
+            echo: Sequence[int] = _NO_TOKENS
+            chain_unequal = False
+        else:
+            resolved = self._prelude(req, pol, start)
+            if isinstance(resolved, LookupResult):
+                return resolved  # an early exit of steps 2-7
+            (
+                keys, counts, exact_hash, deadline, timeout_ms, min_prefix, effective, echo,
+                chain_unequal,
+            ) = resolved  # fmt: skip
+        # 9.-11. the index part, under the lock
+        model = req.model_id
+        scheme = req.hash_scheme
+        adapter = req.adapter_id
+        slo = self._slo_bias if 0 < req.ttft_ms < self._slo_tight else 0.0
+        with self._lock:
+            t0 = mono() if deadline is not None else 0.0
+            now_us = _time_ns() // 1000 if self._sysclock else self._now_us()
+            part = (
+                st.parts.get((tenant, model, scheme, adapter))
+                if keys is not None and tenant and model and scheme
+                else None
+            )
+            if part is not None and keys is not None:
+                # The chain path of _orchestrate and lookup.match_chain, inlined (the hot path).
+                ttl_us = pol.ttl_us
+                args = (
+                    self._names, now_us, ttl_us, len(st.serving.get(part.scope, ())),
+                    st.stats.get(part.tm), self._pressure_weight, slo,
+                    pol.minimum_matched_tokens, pol.lfu,
+                )  # fmt: skip
+                store = part.store
+                fresh_after = now_us - ttl_us
+                ranked = store.walk_ranked(keys, counts, fresh_after, self._ranker, args)
+                if ranked is None:
+                    ranked = self._twin.rank(store.walk(keys, counts, fresh_after), True, *args)
+                if ranked[0]:
+                    strategy: str | None = _PREFIX_MATCH
+                    scores = ranked[1]
+                    credit = ranked[2]
+                else:
+                    strategy = classify(st, tenant, model, scheme)
+                    scores, credit, part = [], None, None
+            else:
+                strategy, scores, credit, part = _orchestrate(
+                    st, self._rankers, self._names, self._settings, tenant, model, scheme,
+                    adapter, keys, counts, exact_hash, now_us, pol.ttl_us, self._pressure_weight,
+                    slo, pol.minimum_matched_tokens, pol.lfu,
+                )  # fmt: skip
+            if deadline is not None:
+                t1 = mono()
+                if t1 >= deadline or (timeout_ms > 0 and (t1 - t0) * 1000.0 > timeout_ms):
+                    return self._envelope(_TIMEOUT_R, start, echo)
+            if strategy is _PREFIX_MATCH:
+                # 11. gates (§5.8): G0; G1 already applied by the ranker; G2
+                if min_prefix > 0 and effective is not None and effective < min_prefix:
+                    strategy = None
+                elif not scores:
+                    strategy = None  # G1 left nothing
+                else:
+                    floor = pol.routing_floor_score
+                    if floor > 0 and scores[0].score < floor:
+                        strategy = None
+                if strategy is not None:
+                    if credit and part is not None:
+                        st.cap_pool = None  # credits reorder LFU holds (eviction.CapPool)
+                        _credit(part, credit, keys, exact_hash)
+                    return self._result(strategy, scores, _micros(mono() - start), echo, adapter)
+            elif strategy is _TENANT_HOT:
+                # 10. TENANT_HOT switched off; G0
+                if not pol.enable_tenant_hot or (
+                    min_prefix > 0 and effective is not None and effective < min_prefix
+                ):
+                    strategy = None
+                else:
+                    return self._result(strategy, scores, _micros(mono() - start), echo, adapter)
+            if strategy is None:
+                # affinity (§5.9)
+                reason = _NO_HINT
+                scores = []
+                if pol.affinity_routing and tenant and model and scheme and not chain_unequal:
+                    seed = chain_seed(keys) if keys is not None else exact_hash
+                    serving = st.serving.get((tenant, model, scheme)) if seed else None
+                    if serving:
+                        names = self._names
+                        replicas = sorted(names[r] or "" for r in serving)
+                        scores = [ReplicaScore(affinity_pick(seed, replicas))]
+                        reason = Reason.AFFINITY_HINT
+                return self._post(reason, start, scores, echo, adapter)
+            return self._post(strategy, start, [], echo, adapter)  # UNKNOWN_*
+
+    def _prelude(self, req: LookupRequest, pol: EffectivePolicy, start: float) -> Prelude:
+        """§5.1 steps 2-8 for every request but the plain chain of ``lookup``: an early
+        response, or (keys, counts, exact hash, deadline, policy timeout ms, minimum prefix
+        tokens, effective prefix tokens, echo, chain lengths unequal) for the index part."""
+        mono = self._mono
         bh = req.block_hashes
         if req.packed_hashes and isinstance(bh, bytes):
             n_hashes = len(bh) >> 3 if not len(bh) & 7 else -1
@@ -140,9 +302,8 @@ class Router:
         n_counts = len(counts_wire)
         chain_set = n_hashes != 0 or n_counts != 0
         chain_unequal = n_hashes != n_counts
-        token_ids = req.token_ids
-        has_tokens = len(token_ids) > 0
         chain_on = pol.enable_chain_matching
+        prefix_hash = req.prefix_hash
 
         # 2. deadline
         deadline = req.deadline
@@ -154,14 +315,14 @@ class Router:
         if (
             deadline is None
             and req.prompt_text
-            and not req.prefix_hash
-            and not has_tokens
+            and not prefix_hash
+            and not len(req.token_ids)
             and (not chain_set or not chain_on)
         ):
             deadline = start + PROMPT_DEADLINE_S
         # 3. deadline already passed
         if deadline is not None and start >= deadline:
-            return self._envelope(Reason.TIMEOUT, start)
+            return self._envelope(_TIMEOUT_R, start)
         # 4. require_chain looks at the wire request only
         if pol.require_chain and (n_hashes <= 0 or chain_unequal):
             return self._envelope(Reason.POLICY_REQUIRES_CHAIN, start)
@@ -174,20 +335,8 @@ class Router:
         effective: int | None = None
         echo: Sequence[int] = _NO_TOKENS
         status = _OK
-        block = settings.engine_block_size
-        prefix_hash = req.prefix_hash
-        resolved = False
-        ignored_chain = False
-        if not chain_on:
-            if prefix_hash:
-                exact_hash = prefix_hash
-                exact_count = req.prefix_token_count
-                resolved = True
-            else:
-                ignored_chain = chain_set
-        elif chain_set or prefix_hash:
-            resolved = True
-            if chain_unequal or n_hashes > settings.max_blocks_per_entry:
+        if chain_on and chain_set:  # the usual gateway request: a chain
+            if chain_unequal or n_hashes > self._max_blocks:
                 status = _FAIL
             else:
                 if n_hashes > 0:
@@ -195,41 +344,22 @@ class Router:
                     counts = counts_wire
                 exact_hash = prefix_hash
                 exact_count = req.prefix_token_count
-        if not resolved:
-            packed: bytes | None = None
-            if has_tokens:
-                packed = self._fingerprint_tokens(req, block)
-                if packed is None:
-                    status = _FAIL
-            elif req.prompt_text:
-                status, echo = self._tokenize(req.model_id, req.prompt_text, deadline)
-                if status == _OK:
-                    try:
-                        packed = fingerprint.chain_packed(echo, block)
-                    except (ValueError, TypeError, OverflowError):
-                        status, echo = _FAIL, _NO_TOKENS
-                    else:
-                        if not packed:
-                            status = _FAIL  # sub-block prompt: fail-open *with* echo
-            elif ignored_chain:
-                status = _FAIL
-            else:
-                exact_count = req.prefix_token_count  # the empty-prefix_hash quirk (§5.2 step 5)
-            if packed:
-                n_blocks = len(packed) >> 3
-                exact_hash = packed[-8:]
-                exact_count = wrap32(block * n_blocks)
-                effective = exact_count
-                if chain_on:
-                    keys = packed
-                    counts = [block] * n_blocks
-        if status == _TIMEOUT:
-            return self._envelope(Reason.TIMEOUT, start, echo)
-        if deadline is not None and clock.monotonic() >= deadline:
-            return self._envelope(Reason.TIMEOUT, start, echo)
-        # 6. resolution fail-open
-        if status == _FAIL:
-            return self._envelope(Reason.NO_HINT, start, echo)
+        elif prefix_hash:
+            exact_hash = prefix_hash
+            exact_count = req.prefix_token_count
+        else:
+            status, keys, counts, exact_hash, exact_count, effective, echo = self._resolve(
+                req, chain_on, chain_set, deadline
+            )
+        if status != _OK:
+            if status == _TIMEOUT:
+                return self._envelope(_TIMEOUT_R, start, echo)
+            if deadline is not None and mono() >= deadline:
+                return self._envelope(_TIMEOUT_R, start, echo)
+            # 6. resolution fail-open
+            return self._envelope(_NO_HINT, start, echo)
+        if deadline is not None and mono() >= deadline:
+            return self._envelope(_TIMEOUT_R, start, echo)
         # 7. minimum_prefix_tokens short-circuit (affinity off). effective_prefix_tokens is
         # only needed when the floor is set (summing 512 counts costs ~3 µs).
         min_prefix = pol.minimum_prefix_tokens
@@ -237,79 +367,72 @@ class Router:
             if effective is None:
                 effective = wrap32(sum(counts)) if keys is not None else wrap32(exact_count)
             if effective < min_prefix and not pol.affinity_routing:
-                return self._envelope(Reason.NO_HINT, start, echo)
-        else:
-            effective = 0
+                return self._envelope(_NO_HINT, start, echo)
         # 8. chain matching off: the resolution above never produced a chain.
+        return (
+            keys, counts, exact_hash, deadline, timeout_ms, min_prefix, effective, echo,
+            chain_unequal,
+        )  # fmt: skip
 
-        # 9.-11. the index part, under the lock
-        model = req.model_id
-        scheme = req.hash_scheme
-        adapter = req.adapter_id
-        slo = slo_coeff(settings, req.ttft_ms)
-        with index._lock:
-            t0 = clock.monotonic() if deadline is not None else 0.0
-            now_us = clock.now_us()
-            strategy, rows, part = _orchestrate(
-                st, pol, tenant, model, scheme, adapter, keys, counts, exact_hash, now_us, slo
-            )
-            if deadline is not None:
-                t1 = clock.monotonic()
-                if t1 >= deadline or (timeout_ms > 0 and (t1 - t0) * 1000.0 > timeout_ms):
-                    return self._envelope(Reason.TIMEOUT, start, echo)
-            # 10. TENANT_HOT switched off
-            if strategy == Reason.TENANT_HOT and not pol.enable_tenant_hot:
-                strategy = None
-            # 11. gates G0-G2 (§5.8)
-            if (
-                min_prefix > 0
-                and (strategy == Reason.PREFIX_MATCH or strategy == Reason.TENANT_HOT)
-                and effective is not None
-                and effective < min_prefix
-            ):
-                strategy = None  # G0
-            if strategy == Reason.PREFIX_MATCH:
-                floor = pol.minimum_matched_tokens
-                if floor > 0:
-                    rows = [r for r in rows if r.matched >= floor]
-                    if not rows:
-                        strategy = None
-                score_floor = pol.routing_floor_score
-                if strategy is not None and score_floor > 0 and rows[0].score < score_floor:
-                    strategy = None
-            if strategy is None:
-                # affinity (§5.9)
-                reason = Reason.NO_HINT
-                scores: list[ReplicaScore] = []
-                if pol.affinity_routing and tenant and model and scheme and not chain_unequal:
-                    seed = chain_seed(keys) if keys is not None else exact_hash
-                    serving = st.serving.get((tenant, model, scheme)) if seed else None
-                    if serving:
-                        names = st.replicas.names
-                        replicas = sorted(names[r] or "" for r in serving)
-                        scores = [ReplicaScore(affinity_pick(seed, replicas))]
-                        reason = Reason.AFFINITY_HINT
-                return self._post(reason, start, scores, echo, adapter)
-            if strategy == Reason.PREFIX_MATCH or strategy == Reason.TENANT_HOT:
-                if strategy == Reason.PREFIX_MATCH and pol.lfu and part is not None:
-                    st.cap_pool = None  # credits reorder LFU holds (eviction.CapPool)
-                    _credit(part, rows, keys, exact_hash)
-                scores = [
-                    ReplicaScore(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in rows
-                ]
-                return self._post(strategy, start, scores, echo, adapter)
-            return self._post(strategy, start, [], echo, adapter)  # UNKNOWN_*
+    def _resolve(
+        self, req: LookupRequest, chain_on: bool, chain_set: bool, deadline: float | None
+    ) -> tuple[
+        int, Sequence[bytes] | bytes | None, Sequence[int], bytes, int, int | None, Sequence[int]
+    ]:
+        """§5.2 steps 3-5 (no prefix_hash, and no chain or chain matching off):
+        (status, keys, counts, exact hash, exact count, effective tokens or None, echo)."""
+        block = self._settings.engine_block_size
+        packed: bytes | None = None
+        status = _OK
+        echo: Sequence[int] = _NO_TOKENS
+        if len(req.token_ids) > 0:
+            packed = self._fingerprint_tokens(req, block)
+            if packed is None:
+                status = _FAIL
+        elif req.prompt_text:
+            status, echo = self._tokenize(req.model_id, req.prompt_text, deadline)
+            if status == _OK:
+                try:
+                    packed = fingerprint.chain_packed(echo, block)
+                except (ValueError, TypeError, OverflowError):
+                    status, echo = _FAIL, _NO_TOKENS
+                else:
+                    if not packed:
+                        status = _FAIL  # sub-block prompt: fail-open *with* echo
+        elif chain_set:  # chain fields with chain matching off
+            status = _FAIL
+        else:
+            # the empty-prefix_hash quirk (§5.2 step 5)
+            return _OK, None, (), b"", req.prefix_token_count, None, echo
+        if not packed:
+            return status, None, (), b"", 0, None, echo
+        n_blocks = len(packed) >> 3
+        exact_count = wrap32(block * n_blocks)
+        if not chain_on:
+            return status, None, (), packed[-8:], exact_count, exact_count, echo
+        return (
+            status, packed, self._uniform(block, n_blocks), packed[-8:], exact_count,
+            exact_count, echo,
+        )  # fmt: skip
+
+    def _uniform(self, block: int, n: int) -> Sequence[int]:
+        """``[block] * n`` as a packed, cached sequence (the walk reads it without a list of
+        Python ints): bytes when the block size fits one byte, else an ``array('i')``."""
+        counts = self._uniform_counts.get(n)
+        if counts is None:
+            counts = bytes((block,)) * n if block < 256 else array("i", (block,)) * n
+            if len(self._uniform_counts) >= 4096:
+                self._uniform_counts.clear()
+            self._uniform_counts[n] = counts
+        return counts
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _latency(self, start: float) -> int:
-        return max(0, int((self._index.clock.monotonic() - start) * 1_000_000))
 
     def _envelope(
         self, reason: str, start: float, echo: Sequence[int] = _NO_TOKENS
     ) -> LookupResult:
         """A pre-index response: no scores, no adapter echo."""
-        return LookupResult(reason, [], self._latency(start), echo, "")
+        return LookupResult(reason, [], _micros(self._mono() - start), echo, "")
 
     def _post(
         self,
@@ -320,7 +443,7 @@ class Router:
         adapter: str,
     ) -> LookupResult:
         """A response produced after orchestration: echoes the request's adapter_id."""
-        return LookupResult(reason, scores, self._latency(start), echo, adapter)
+        return LookupResult(reason, scores, _micros(self._mono() - start), echo, adapter)
 
     def _fingerprint_tokens(self, req: LookupRequest, block: int) -> bytes | None:
         """Packed chain of ``token_ids`` (§5.2 step 3); None = fail-open."""
@@ -390,9 +513,20 @@ class Router:
         return _OK, ids
 
 
+def rankers() -> tuple[RankerLike, PyRanker]:
+    """(ranker, twin): the compiled ranker when built (else the twin), and the twin for the
+    inputs the compiled one hands back (None)."""
+    twin = PyRanker(ReplicaScore)
+    if CompiledRanker is None:
+        return twin, twin
+    return CompiledRanker(ReplicaScore), twin
+
+
 def _orchestrate(
     st: IndexState,
-    pol: EffectivePolicy,
+    rankers: tuple[RankerLike, PyRanker],
+    names: Sequence[str | None],
+    settings: IndexSettings,
     tenant: str,
     model: str,
     scheme: str,
@@ -401,38 +535,52 @@ def _orchestrate(
     counts: Sequence[int],
     exact_hash: bytes,
     now_us: int,
+    ttl_us: int,
+    pressure_weight: float,
     slo: float,
-) -> tuple[str | None, list[Row], Partition | None]:
-    """§5.3: (strategy or None for StrategyNone, ranked rows, the matched partition)."""
+    min_matched: int,
+    want_credit: bool,
+) -> tuple[str | None, list[ReplicaScore], list[tuple[int, int]] | None, Partition | None]:
+    """§5.3: (strategy or None for StrategyNone, ranked scores after G1, LFU credit or None,
+    the matched partition)."""
     if not tenant or not model or not scheme:
-        return None, [], None
+        return None, [], None, None
     part = st.parts.get((tenant, model, scheme, adapter))
-    settings = st.settings
-    if keys is not None:
-        if part is not None:
-            rows = match_chain(st, settings, part, keys, counts, pol.ttl_us, now_us, slo)
-            if rows:
-                return Reason.PREFIX_MATCH, rows, part
-        return classify(st, tenant, model, scheme), [], None
     if part is not None:
-        rows = match_exact(st, settings, part, exact_hash, pol.ttl_us, now_us, slo)
-        if rows:
-            return Reason.PREFIX_MATCH, rows, part
-    hot = tenant_hot(st, settings, tenant, model, scheme, now_us, slo)
-    if hot:
-        return Reason.TENANT_HOT, hot, None
-    return classify(st, tenant, model, scheme), [], None
+        args = rank_args(
+            st, names, part, now_us, ttl_us, pressure_weight, slo, min_matched, want_credit
+        )
+        ranker, twin = rankers
+        if keys is not None:
+            ranked = match_chain(ranker, twin, part, keys, counts, now_us - ttl_us, args)
+        else:
+            ranked = match_exact(ranker, twin, part, exact_hash, now_us - ttl_us, args)
+        if ranked is not None:
+            return _PREFIX_MATCH, ranked[1], ranked[2], part
+    if keys is None:  # chain requests never fall back to TENANT_HOT
+        hot = tenant_hot(st, settings, tenant, model, scheme, now_us, slo)
+        if hot:
+            scores = [ReplicaScore(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in hot]
+            return _TENANT_HOT, scores, None, None
+    return classify(st, tenant, model, scheme), [], None, None
+
+
+def _micros(seconds: float) -> int:
+    return max(0, int(seconds * 1_000_000))
 
 
 def _credit(
-    part: Partition, rows: list[Row], keys: Sequence[bytes] | bytes | None, exact_hash: bytes
+    part: Partition,
+    credit: list[tuple[int, int]],
+    keys: Sequence[bytes] | bytes | None,
+    exact_hash: bytes,
 ) -> None:
     """§5.10: +1 access on every contributing hold of every returned replica."""
     store = part.store
-    for r in rows:
-        if r.blocks <= 0:
+    for rid, blocks in credit:
+        if blocks <= 0:
             continue
         if keys is not None:
-            store.credit(keys, r.blocks, r.rid)
+            store.credit(keys, blocks, rid)
         else:
-            store.credit((exact_hash,), 1, r.rid)
+            store.credit((exact_hash,), 1, rid)

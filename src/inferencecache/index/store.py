@@ -19,7 +19,7 @@ Conventions for every method:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 NEW_KEY = 1
 """``upsert`` bit: the key did not exist before."""
@@ -50,6 +50,12 @@ class Hold(NamedTuple):
     access: int
 
 
+class RunRanker(Protocol):
+    """What ``walk_ranked`` hands the runs to (``ranking.PyRanker``, ``_rank.Ranker``)."""
+
+    def rank(self, rows: list[Run], chain: bool, /, *args: Any) -> Any: ...
+
+
 class PartitionStore(Protocol):
     """Holds of one partition: key bytes -> replica -> (tokens, last_seen, tier, access)."""
 
@@ -69,9 +75,18 @@ class PartitionStore(Protocol):
         ...
 
     def upsert_many(
-        self, keys: Sequence[bytes], tokens: Sequence[int], replica: int, last_seen: int, tier: int
+        self,
+        keys: Sequence[bytes] | bytes,
+        tokens: Sequence[int],
+        replica: int,
+        last_seen: int,
+        tier: int,
     ) -> tuple[int, int]:
-        """``upsert`` for each ``(keys[i], tokens[i])`` in order; returns (new keys, new holds)."""
+        """``upsert`` for each ``(keys[i], tokens[i])`` in order; returns (new keys, new holds).
+
+        ``keys`` is a sequence of key bytes, or one bytes object of concatenated 8-byte keys (the
+        server's compact ingest form). Pairs up to the shorter of the two (``zip``).
+        """
         ...
 
     def holders(self, key: bytes, fresh_after: int) -> list[tuple[int, int, int, int]]:
@@ -91,12 +106,33 @@ class PartitionStore(Protocol):
         """
         ...
 
+    def walk_ranked(
+        self,
+        keys: Sequence[bytes] | bytes,
+        counts: Sequence[int],
+        fresh_after: int,
+        ranker: RunRanker,
+        rank_args: tuple[Any, ...],
+    ) -> Any:
+        """``ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args)``.
+
+        The lookup's walk and scoring step (``ranking.PyRanker``) in one call, so a compiled
+        store can hand its runs to a compiled ranker without creating ``Run`` objects. The
+        store does not interpret ``rank_args``.
+        """
+        ...
+
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None:
         """LFU credit: ``access += 1`` on the replica's hold of each of ``keys[:blocks]``."""
         ...
 
     def remove_hold(self, key: bytes, replica: int) -> int:
         """Remove one hold; returns ``HOLD_REMOVED | KEY_REMOVED`` bits (0 if absent)."""
+        ...
+
+    def remove_holds(self, keys: Sequence[bytes] | bytes, replica: int) -> tuple[int, int]:
+        """``remove_hold`` for each key in order (a batched ``PREFIX_EVICTED``); ``keys`` as in
+        ``upsert_many``. Returns (holds removed, keys removed)."""
         ...
 
     def remove_replica(self, replica: int) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from inferencecache.kvevents.events import (
     Event,
 )
 from inferencecache.kvevents.hashes import MASK64
+from inferencecache.kvevents.packed import TokenIds, hash_keys, token_array
 
 __all__ = [
     "REJECT_REASONS",
@@ -185,7 +186,7 @@ def _stored(get: Any, ignored: list[str]) -> BlockStored:
     return BlockStored(
         hashes,
         parent,
-        [] if bigram else tokens,
+        TokenIds(() if bigram else tokens),
         block_size,
         lora_id,
         medium,
@@ -310,16 +311,17 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
 
 # ---------------------------------------------------------------------------------------------
 # Fast path: msgspec typed decoders for the two common shapes (all-map or all-array events with
-# int hashes and plain int tokens). Anything they reject goes to the reference decoder, which
-# is authoritative for rejections and for the rarer shapes.
+# int hashes and plain int tokens). Token ids and hashes stay raw msgpack (``msgspec.Raw``) and
+# are converted in C by ``packed`` (``TokenIds``, an ``array('I')``: no Python int per token).
+# Anything they reject goes to the reference decoder, which is authoritative for rejections and
+# for the rarer shapes.
 
-_U32 = Annotated[int, msgspec.Meta(ge=0, lt=U32_LIMIT)]
 _I64 = Annotated[int, msgspec.Meta(le=I64_MAX)]
 
 
 class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
-    block_hashes: list[int] | None
-    token_ids: list[_U32] | None
+    block_hashes: msgspec.Raw  # list[int] | None, converted by packed.hash_keys
+    token_ids: msgspec.Raw  # list[u32] | None, converted by packed.token_array
     block_size: int
     parent_block_hash: int | None = None
     lora_id: _I64 | None = None
@@ -330,7 +332,7 @@ class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
 
 
 class _RemovedMap(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
-    block_hashes: list[int] | None
+    block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
 
@@ -340,9 +342,9 @@ class _ClearedMap(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
 
 
 class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
-    block_hashes: list[int] | None
+    block_hashes: msgspec.Raw
     parent_block_hash: int | None
-    token_ids: list[_U32] | None
+    token_ids: msgspec.Raw
     block_size: int
     lora_id: _I64 | None = None
     medium: str | None = None
@@ -353,7 +355,7 @@ class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
 
 
 class _RemovedArray(msgspec.Struct, tag=REMOVED, array_like=True, gc=False):
-    block_hashes: list[int] | None
+    block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
 
@@ -372,22 +374,32 @@ class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
     events: list[_StoredArray | _RemovedArray | _ClearedArray]
 
 
-def _int_hashes(values: list[int] | None) -> list[bytes]:
-    if not values:
-        return []
-    return [(v & MASK64).to_bytes(8, "big") for v in values]
+class _Untyped(Exception):
+    """A token or hash array is not the plain shape: the reference decoder decides."""
+
+
+def _hashes(raw: msgspec.Raw) -> list[bytes]:
+    keys = hash_keys(raw)
+    if keys is None:
+        raise _Untyped
+    return keys
 
 
 def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
     out: list[Event] = []
     for ev in batch.events:
         if isinstance(ev, _StoredMap | _StoredArray):
-            tokens = ev.token_ids or []
+            # the reference's order: hashes, tokens, then the block-size rule (so a raw field
+            # that is not the plain shape always reaches the reference before a rejection here)
+            hashes = _hashes(ev.block_hashes)
+            tokens = token_array(ev.token_ids)
+            if tokens is None:
+                raise _Untyped
             _check_block_size(ev.block_size, bool(tokens), ev.medium)
             parent = ev.parent_block_hash
             out.append(
                 BlockStored(
-                    _int_hashes(ev.block_hashes),
+                    hashes,
                     None if parent is None else (parent & MASK64).to_bytes(8, "big"),
                     tokens,
                     ev.block_size,
@@ -399,7 +411,7 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
                 )
             )
         elif isinstance(ev, _RemovedMap | _RemovedArray):
-            out.append(BlockRemoved(_int_hashes(ev.block_hashes), ev.medium, ev.group_idx))
+            out.append(BlockRemoved(_hashes(ev.block_hashes), ev.medium, ev.group_idx))
         else:
             out.append(AllBlocksCleared())
     return DecodedBatch(batch.ts, out)
@@ -430,7 +442,10 @@ class BatchDecoder:
                 break  # not msgpack at all: let the reference report it
             if i:
                 decoders.insert(0, decoders.pop(i))
-            return _from_typed(typed)
+            try:
+                return _from_typed(typed)
+            except _Untyped:
+                break
         return decode_untyped(payload)
 
 

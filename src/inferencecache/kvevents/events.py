@@ -8,6 +8,8 @@ never looks at arrays, maps or version differences. Hashes are already normalise
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 
@@ -16,7 +18,9 @@ class BlockStored(msgspec.Struct, gc=False):
 
     block_hashes: list[bytes]
     parent_block_hash: bytes | None
-    token_ids: list[int]
+    # packed.TokenIds (an array('I') equal to the list of its ints) from the decoder; any
+    # sequence of ints works
+    token_ids: Sequence[int]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None

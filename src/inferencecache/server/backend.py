@@ -11,7 +11,14 @@ import logging
 
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
-from inferencecache.index.model import CacheState, EventLike, LookupRequest, LookupResult, Update
+from inferencecache.index.model import (
+    CacheState,
+    EventLike,
+    LookupRequest,
+    LookupResult,
+    PackedUpdate,
+    Update,
+)
 from inferencecache.index.policy import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.index.probe import Prober, ProbeRequestError
 from inferencecache.index.route import PromptTokenizer, Router
@@ -60,7 +67,7 @@ class IndexBackend:
     def monotonic(self) -> float:
         return self.clock.monotonic()
 
-    def apply_update(self, update: Update) -> None:
+    def apply_update(self, update: Update | PackedUpdate) -> None:
         self.index.apply_update(update)
 
     def apply_event(self, event: EventLike) -> None:

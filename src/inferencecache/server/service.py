@@ -2,8 +2,10 @@
 
 Registered as method handlers on grpcio's sync server (thread pool) rather than through the
 generated servicer base class, so LookupRoute can use the wire-level deserializer of
-``server.wire`` and every method can turn an undecodable request into a decision of ours instead
-of grpcio's generic INTERNAL error:
+``server.wire`` (ReportCacheState: ``server.ingest``) and every method can turn an undecodable
+request into a decision of ours instead of grpcio's generic INTERNAL error. LookupRoute also
+returns its response already serialized (``wire.encode_response``: compiled when built).
+Undecodable requests:
 
 - LookupRoute / LookupPDRoute (gateways, on the request path): fail open, status OK, ``NO_HINT``.
 - every other RPC: ``INVALID_ARGUMENT`` (a producer bug the producer should see); on a
@@ -24,11 +26,14 @@ from inferencecache.index.model import (
     EventLike,
     LookupRequest,
     LookupResult,
+    PackedUpdate,
     Reason,
     Update,
 )
 from inferencecache.server import wire
+from inferencecache.server.ingest import parse_update_request, update_from_message
 from inferencecache.server.metrics import LazyChildren, ServerMetrics
+from inferencecache.server.wire import encode_response
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.server")
@@ -73,44 +78,10 @@ class ServiceBackend(Protocol):
     """What the gRPC service needs from the index (all thread-safe, all synchronous)."""
 
     def monotonic(self) -> float: ...
-    def apply_update(self, update: Update) -> None: ...
+    def apply_update(self, update: Update | PackedUpdate) -> None: ...
     def apply_event(self, event: EventLike) -> None: ...
     def lookup(self, request: LookupRequest) -> LookupResult: ...
     def cache_state(self, tenant_id: str, model_id: str) -> CacheStateView: ...
-
-
-def update_from_message(msg: pb.CacheStateUpdate) -> Update:
-    """The index's input shape; the repeated ``PrefixEntry`` container passes straight in."""
-    return Update(
-        replica_id=msg.replica_id,
-        model_id=msg.model_id,
-        tenant_id=msg.tenant_id,
-        hash_scheme=msg.hash_scheme,
-        timestamp_us=msg.timestamp_us,
-        prefixes=msg.prefixes,
-        stats=msg.stats if msg.HasField("stats") else None,
-        adapter_id=msg.adapter_id,
-    )
-
-
-def response_from_result(res: LookupResult) -> pb.LookupRouteResponse:
-    resp = pb.LookupRouteResponse(
-        reason_code=res.reason_code,
-        lookup_latency_us=res.lookup_latency_us,
-        adapter_id=res.adapter_id,
-    )
-    add = resp.replica_scores.add
-    for s in res.replica_scores:
-        add(
-            replica_id=s.replica_id,
-            score=s.score,
-            matched_tokens=s.matched_tokens,
-            estimated_cache_hit_prob=s.estimated_cache_hit_prob,
-            tier=s.tier,  # type: ignore[arg-type]
-        )
-    if res.token_ids:
-        resp.token_ids.extend(res.token_ids)
-    return resp
 
 
 def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
@@ -162,10 +133,9 @@ class InferenceCacheService:
 
     # -- lookups --------------------------------------------------------------------------------
 
-    def lookup_route(
-        self, request: LookupRequest | Any, context: grpc.ServicerContext
-    ) -> pb.LookupRouteResponse:
-        """Never a gRPC error: every failure here is a fail-open ``NO_HINT`` (contract §2.5)."""
+    def lookup_route(self, request: LookupRequest | Any, context: grpc.ServicerContext) -> bytes:
+        """Never a gRPC error: every failure here is a fail-open ``NO_HINT`` (contract §2.5).
+        Returns the serialized LookupRouteResponse (``wire.encode_response``)."""
         start = time.perf_counter()
         if request is wire.UNDECODABLE:
             self._bad_request("LookupRoute", context)
@@ -175,7 +145,7 @@ class InferenceCacheService:
             if remaining is not None and remaining < _NO_DEADLINE:
                 request.deadline = self._backend.monotonic() + remaining
             result = self._backend.lookup(request)
-            resp = response_from_result(result)
+            resp = encode_response(result)
         except Exception:
             self._lookup_errors.inc()
             if self._log_due("lookup-error"):
@@ -191,11 +161,11 @@ class InferenceCacheService:
         )
         return resp
 
-    def _fail_open(self, model: str, start: float) -> pb.LookupRouteResponse:
+    def _fail_open(self, model: str, start: float) -> bytes:
         elapsed = time.perf_counter() - start
         self._metrics.observe_lookup(model, Reason.NO_HINT, False, elapsed)
-        return pb.LookupRouteResponse(
-            reason_code=Reason.NO_HINT, lookup_latency_us=int(elapsed * 1e6)
+        return _serialize(
+            pb.LookupRouteResponse(reason_code=Reason.NO_HINT, lookup_latency_us=int(elapsed * 1e6))
         )
 
     def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -248,8 +218,9 @@ class InferenceCacheService:
         contract allows) skips that message, is counted and logged (rate-limited); the stream
         goes on, so a producer is not pushed into a resend loop by one poisoned message."""
         try:
-            if kind == "update":
-                self._backend.apply_update(update_from_message(msg))
+            if kind == "update":  # already translated by the request deserializer
+                self._backend.apply_update(
+                    msg if type(msg) in (PackedUpdate, Update) else update_from_message(msg))
             else:
                 self._backend.apply_event(msg)
         except Exception:
@@ -299,7 +270,7 @@ class InferenceCacheService:
             "LookupRoute": grpc.unary_unary_rpc_method_handler(
                 self.lookup_route,
                 request_deserializer=wire.parse_lookup_request,
-                response_serializer=ser,
+                response_serializer=None,  # lookup_route returns the response bytes
             ),
             "LookupPDRoute": grpc.unary_unary_rpc_method_handler(
                 self.lookup_pd_route,
@@ -313,7 +284,7 @@ class InferenceCacheService:
             ),
             "ReportCacheState": grpc.stream_unary_rpc_method_handler(
                 self.report_cache_state,
-                request_deserializer=_safe_deserializer(pb.CacheStateUpdate),
+                request_deserializer=parse_update_request,
                 response_serializer=ser,
             ),
             "PublishEvent": grpc.unary_unary_rpc_method_handler(

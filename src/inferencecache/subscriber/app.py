@@ -94,6 +94,7 @@ class Subscriber:
                 "engine_model_name": s.engine_model_name,
                 "ignore_block_removed": s.ignore_block_removed,
                 "trust_lora_name": s.trust_lora_name,
+                "batch_evictions": s.batch_evictions,
             },
         )
         self.client = CacheClient(str(s.server))
@@ -106,6 +107,7 @@ class Subscriber:
             self.metrics,
             window=s.effective_window,
             snapshot=lambda: mapper_box[0].snapshot(),
+            batch_evictions=s.batch_evictions,
         )
         self.mapper = BlockMapper(
             block_size=s.block_size,

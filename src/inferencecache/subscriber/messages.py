@@ -1,13 +1,17 @@
 """Contract messages the subscriber sends (contract spec §2.3, subscriber spec §3.5).
 
 Entries travel inside the subscriber as plain tuples ``(prefix_hash, token_count, adapter_id,
-tier)`` and become protobuf only here, right before a send.
+tier)`` and become wire bytes only here, right before a send: ``UpdateEncoder`` writes a
+``CacheStateUpdate`` without protobuf objects (``ingestwire``, C with a pure-Python twin; byte for
+byte what protobuf writes), ``build_update`` is the protobuf reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inferencecache import ingestwire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 # (prefix_hash as 8-byte big-endian, cumulative token_count, adapter_id, tier)
@@ -42,10 +46,40 @@ def build_update(ident: Identity, entries: list[Entry], timestamp_us: int) -> pb
     return update
 
 
+class UpdateEncoder:
+    """``build_update(...).SerializeToString()`` without protobuf objects (identity cached)."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, ident: Identity) -> None:
+        self._head = ingestwire.encode_header(
+            ident.replica_id, ident.model_id, ident.tenant_id, ident.hash_scheme, 0)
+
+    def encode(self, entries: Sequence[Entry], timestamp_us: int) -> bytes:
+        ts = _ts_field(timestamp_us) if timestamp_us else b""
+        return self._head + ts + ingestwire.encode_entries(entries)
+
+
+def _ts_field(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray(b"\x28")
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
 def build_event(
-    ident: Identity, kind: int, timestamp_us: int, prefix: bytes = b"", adapter: str = ""
+    ident: Identity,
+    kind: int,
+    timestamp_us: int,
+    prefix: bytes = b"",
+    adapter: str = "",
+    more: Sequence[bytes] = (),
 ) -> pb.CacheEvent:
-    """A ``CacheEvent`` (prefix and adapter only for evictions)."""
+    """A ``CacheEvent`` (prefix and adapter only for evictions; ``more`` = the further hashes
+    of a batched eviction, field 8 ``prefix_hashes``)."""
     return pb.CacheEvent(
         type=kind,  # type: ignore[arg-type]
         replica_id=ident.replica_id,
@@ -54,6 +88,7 @@ def build_event(
         prefix_hash=prefix,
         adapter_id=adapter,
         timestamp_us=timestamp_us,
+        prefix_hashes=more,
     )
 
 

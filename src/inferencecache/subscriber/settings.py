@@ -92,6 +92,12 @@ class SubscribeSettings:
     metrics_address: HostPort = setting(  # noqa: RUF009 - setting() returns a field
         DEFAULT_METRICS_ADDRESS, param=HOST_PORT, help="host:port for /metrics and /healthz."
     )
+    batch_evictions: bool = setting(
+        True,
+        param=GO_BOOL,
+        help="Send the evictions of a batch as one PublishEvent (prefix_hashes, field 8); "
+        "=false: one PublishEvent per evicted block.",
+    )
 
     def __post_init__(self) -> None:
         if not self.replica_id:

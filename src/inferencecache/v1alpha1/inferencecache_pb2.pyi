@@ -216,7 +216,7 @@ class GetCacheStateResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., summary: _Optional[_Union[CacheSummary, _Mapping]] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("type", "replica_id", "model_id", "tenant_id", "prefix_hash", "timestamp_us", "adapter_id")
+    __slots__ = ("type", "replica_id", "model_id", "tenant_id", "prefix_hash", "timestamp_us", "adapter_id", "prefix_hashes")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[CacheEvent.Type]
@@ -236,6 +236,7 @@ class CacheEvent(_message.Message):
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_US_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
     type: CacheEvent.Type
     replica_id: str
     model_id: str
@@ -243,7 +244,8 @@ class CacheEvent(_message.Message):
     prefix_hash: bytes
     timestamp_us: int
     adapter_id: str
-    def __init__(self, type: _Optional[_Union[CacheEvent.Type, str]] = ..., replica_id: _Optional[str] = ..., model_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., prefix_hash: _Optional[bytes] = ..., timestamp_us: _Optional[int] = ..., adapter_id: _Optional[str] = ...) -> None: ...
+    prefix_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, type: _Optional[_Union[CacheEvent.Type, str]] = ..., replica_id: _Optional[str] = ..., model_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., prefix_hash: _Optional[bytes] = ..., timestamp_us: _Optional[int] = ..., adapter_id: _Optional[str] = ..., prefix_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StreamEventsRequest(_message.Message):
     __slots__ = ("model_id", "tenant_id", "types")

@@ -1,0 +1,101 @@
+"""The contract's ingest message ``CacheStateUpdate`` in compact form, straight from/to wire bytes.
+
+Why: the subscriber reports one legacy ``PrefixEntry`` per engine block, thousands per update,
+and Python protobuf costs ~1-3 µs per entry to build on one side and to read on the other. Here
+the server turns a run of consecutive legacy entries (8-byte ``prefix_hash``, no chain fields,
+one tier, one entry ``adapter_id``) into one packed ``bytes`` of hashes plus a list of token
+counts (the index stores it with one ``upsert_many`` call, ``index.LegacyRun``), and the
+subscriber writes its entries into wire bytes without protobuf objects. The wire stays standard
+v1alpha1 in both directions.
+
+- ``parse_update(buf)`` → ``(replica_id, model_id, tenant_id, hash_scheme, timestamp_us,
+  adapter_id, entries)`` or ``None``. ``entries`` are in wire order: ``(hashes, token_counts,
+  tier, adapter_id)`` for a legacy run, ``(prefix_hash, token_count, block_hashes,
+  block_token_counts, tier, adapter_id)`` for any other entry. ``None`` means "let protobuf
+  decide": stats present, an invalid tag, a wire-type mismatch on a known field, a truncated
+  field, invalid UTF-8, groups, a varint protobuf might read differently. Unknown fields are
+  skipped, repeated scalars are last-wins, ``int32`` values wrap as protobuf reads them, so a
+  message parsed here means exactly what protobuf would make of it.
+- ``encode_entries(entries)`` → the ``prefixes`` field (6) of a ``CacheStateUpdate`` for
+  ``(prefix_hash, token_count, adapter_id, tier)`` tuples, byte for byte what protobuf writes;
+  prepend ``encode_header(...)`` for a whole message.
+
+Two implementations with identical results: the C accelerator ``_native`` (when built) and the
+pure-Python twin ``pure`` (``INFERENCECACHE_PURE_PYTHON=1`` forces it; with
+``INFERENCECACHE_REQUIRE_NATIVE=1`` a missing build is an ImportError).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from inferencecache.ingestwire.pure import GenericItem, LegacyItem, Parsed
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_native_error: ImportError | None = None
+try:
+    from . import _native as _native_module  # noqa: F401  (imported to learn whether it exists)
+except ImportError as exc:  # not built on this machine
+    _native_error = exc
+    if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
+        raise ImportError(
+            "inferencecache.ingestwire._native is not built and INFERENCECACHE_REQUIRE_NATIVE=1; "
+            "rebuild with `pip install -e .` (needs a C compiler and Python headers)"
+        ) from exc
+
+IMPLEMENTATION: Literal["native", "python"]
+if _native_error is None and not _env_flag("INFERENCECACHE_PURE_PYTHON"):
+    from ._native import encode_entries, parse_update
+
+    IMPLEMENTATION = "native"
+else:
+    from .pure import encode_entries, parse_update
+
+    IMPLEMENTATION = "python"
+
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _text_field(tag: int, s: str) -> bytes:
+    raw = s.encode()
+    return bytes((tag,)) + _varint(len(raw)) + raw if raw else b""
+
+
+def encode_header(
+    replica_id: str, model_id: str, tenant_id: str, hash_scheme: str, timestamp_us: int
+) -> bytes:
+    """Fields 1-5 of a ``CacheStateUpdate`` (proto3: defaults omitted), as protobuf writes
+    them; ``header + encode_entries(...)`` is the whole message (no stats, no update-level
+    adapter)."""
+    ts = b"\x28" + _varint(timestamp_us) if timestamp_us else b""
+    return (
+        _text_field(0x0A, replica_id)
+        + _text_field(0x12, model_id)
+        + _text_field(0x1A, tenant_id)
+        + _text_field(0x22, hash_scheme)
+        + ts
+    )
+
+
+__all__ = [
+    "IMPLEMENTATION",
+    "GenericItem",
+    "LegacyItem",
+    "Parsed",
+    "encode_entries",
+    "encode_header",
+    "parse_update",
+]

@@ -1,0 +1,9 @@
+"""Type stub of the compiled twin of ``kvevents.packed`` (``_native.c``)."""
+
+from typing import Any
+
+from inferencecache.kvevents.packed import TokenIds
+
+def set_token_type(cls: Any, /) -> None: ...
+def token_array(raw: bytes, /) -> TokenIds | None: ...
+def hash_keys(raw: bytes, /) -> list[bytes] | None: ...

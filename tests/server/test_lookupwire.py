@@ -1,0 +1,230 @@
+"""The compiled LookupRoute wire helpers (``server._lookupwire``) against their twins.
+
+- ``parse``: whenever it answers, the ``LookupRequest`` equals what the Python parser
+  (``wire.parse_fast``) returns for the same bytes; it answers the shapes gateways send.
+- ``Encoder.encode``: whenever it answers, the bytes equal protobuf's serialization of the
+  reference construction (``wire.response_from_result``); it declines (None) exactly where
+  protobuf would convert or reject a value, and ``wire.encode_response`` then raises as protobuf
+  does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import random
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferencecache.index.ingest import f32
+from inferencecache.index.model import LookupRequest, LookupResult, ReplicaScore
+from inferencecache.server import wire
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+from .test_wire_parser import requests
+
+
+def _load() -> ModuleType | None:
+    try:
+        return importlib.import_module("inferencecache.server._lookupwire")
+    except ImportError:
+        flag = os.environ.get("INFERENCECACHE_REQUIRE_NATIVE", "").strip().lower()
+        if flag not in ("", "0", "false", "no"):
+            raise
+        return None
+
+
+LW = _load()
+pytestmark = pytest.mark.skipif(LW is None, reason="C accelerator not built")
+
+
+def c_parse(buf: bytes) -> LookupRequest | None:
+    assert LW is not None
+    fields = LW.parse(buf)
+    return None if fields is None else LookupRequest(*fields)
+
+
+def python_parse(buf: bytes) -> LookupRequest | None:
+    try:
+        return wire.parse_fast(buf)
+    except Exception:
+        return None
+
+
+def agree(buf: bytes) -> bool:
+    """The compiled parser's answer (if any) is the Python parser's; returns whether it
+    answered."""
+    got = c_parse(buf)
+    if got is None:
+        return False
+    assert got == python_parse(buf)
+    assert type(got.block_hashes) is type(python_parse(buf).block_hashes)  # type: ignore[union-attr]
+    return True
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_parse_equals_python_parser_on_valid_messages(req: pb.LookupRouteRequest) -> None:
+    agree(req.SerializeToString())
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(requests(), st.randoms(use_true_random=False))
+def test_bad_input_parse_equals_python_parser_on_mutated_bytes(
+    req: pb.LookupRouteRequest, rnd: random.Random
+) -> None:
+    buf = bytearray(req.SerializeToString())
+    for _ in range(rnd.randint(1, 4)):
+        op = rnd.choice(["flip", "truncate", "insert", "delete"])
+        if op == "flip" and buf:
+            buf[rnd.randrange(len(buf))] = rnd.randrange(256)
+        elif op == "truncate" and buf:
+            del buf[rnd.randrange(len(buf)) :]
+        elif op == "insert":
+            pos = rnd.randrange(len(buf) + 1)
+            buf[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 6)))
+        elif op == "delete" and buf:
+            pos = rnd.randrange(len(buf))
+            del buf[pos : pos + rnd.randint(1, 3)]
+    agree(bytes(buf))
+
+
+@given(st.binary(max_size=200))
+def test_bad_input_random_bytes(buf: bytes) -> None:
+    agree(buf)
+
+
+def test_parse_answers_gateway_shapes() -> None:
+    hashes = [i.to_bytes(8, "big") for i in range(512)]
+    chain = pb.LookupRouteRequest(
+        model_id="m", tenant_id="t", hash_scheme="vllm", adapter_id="a",
+        block_hashes=hashes, block_token_counts=[16] * 512,
+    )  # fmt: skip
+    tokens = pb.LookupRouteRequest(model_id="m", tenant_id="t", hash_scheme="vllm",
+                                   token_ids=[1, 300, 70_000])  # fmt: skip
+    exact = pb.LookupRouteRequest(model_id="m", tenant_id="t", hash_scheme="vllm",
+                                  prefix_hash=b"p" * 8, prefix_token_count=-3)  # fmt: skip
+    slo = pb.LookupRouteRequest(tenant_id="t", prompt_text="héllo")
+    slo.slo.ttft_ms = -5
+    slo.slo.tbt_ms = 9
+    for msg in (chain, tokens, exact, slo, pb.LookupRouteRequest()):
+        assert agree(msg.SerializeToString()), msg
+    got = c_parse(chain.SerializeToString())
+    assert got is not None and got.packed_hashes and got.block_hashes == b"".join(hashes)
+    assert got.block_token_counts == bytes([16]) * 512
+    # mixed hash lengths keep their order as a list
+    mixed = pb.LookupRouteRequest(block_hashes=[b"12345678", b"xy", b""])
+    got = c_parse(mixed.SerializeToString())
+    assert got is not None and not got.packed_hashes
+    assert got.block_hashes == [b"12345678", b"xy", b""]
+    # an 8-byte hash with a two-byte length is one of parse_fast's singles too
+    odd = b"\x3a\x08" + b"a" * 8 + b"\x3a\x88\x00" + b"x" * 8
+    assert agree(odd)
+    got = c_parse(odd)
+    assert got is not None and got.block_hashes == [b"a" * 8, b"x" * 8]
+
+
+def test_parse_declines_what_the_python_parser_decides() -> None:
+    assert LW is not None
+    declined = [
+        b"\x60\x05",  # unknown varint field 12
+        b"\x42\x02\x80\x01",  # a two-byte count
+        b"\x48\x05",  # unpacked token id
+        b"\x4a\x02\x01\x80",  # token payload ending inside a varint
+        b"\x0a\x02\xff\xfe",  # invalid UTF-8
+        b"\x32\x02\x18\x01",  # SLO with an unknown field
+        b"\xa2\x06\x02hi",  # a two-byte tag
+        bytearray(b""),  # not bytes
+    ]
+    for buf in declined:
+        assert LW.parse(buf) is None, buf  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder
+
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+FLOATS = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, math.inf, -math.inf, math.nan, 3.4028234663852886e38]),
+    st.floats(width=32),
+    st.floats(-1e6, 1e6).map(f32),
+)
+TEXT = st.one_of(st.sampled_from(["", "r0", "replica-é", "\U0001f600"]), st.text(max_size=12))
+
+
+@st.composite
+def results(draw: st.DrawFn) -> LookupResult:
+    scores = [
+        ReplicaScore(draw(TEXT), draw(FLOATS), draw(INT32), draw(FLOATS), draw(INT32))
+        for _ in range(draw(st.integers(0, 6)))
+    ]
+    tokens: Any = draw(
+        st.one_of(st.just(()), st.lists(st.integers(0, 2**32 - 1), max_size=20))
+    )
+    if draw(st.booleans()):
+        tokens = tuple(tokens)
+    return LookupResult(
+        draw(st.sampled_from(["PREFIX_MATCH", "NO_HINT", ""])),
+        scores,
+        draw(st.one_of(st.integers(0, 10**6), st.integers(-(2**63), 2**63 - 1))),
+        tokens,
+        draw(TEXT),
+    )
+
+
+def encoder() -> Any:
+    assert LW is not None
+    return LW.Encoder(LookupResult, ReplicaScore)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(results())
+def test_encoder_bytes_equal_protobuf(res: LookupResult) -> None:
+    want = wire.response_from_result(res).SerializeToString()
+    got = encoder().encode(res)
+    assert got is not None  # every value here is one protobuf stores as given
+    assert got == want
+    assert pb.LookupRouteResponse.FromString(got) == wire.response_from_result(res)
+
+
+OUT_OF_RANGE: list[tuple[str, Any]] = [
+    ("matched_tokens", 2**31),
+    ("tier", -(2**31) - 1),
+    ("score", 1e300),  # protobuf narrows it to inf
+    ("score", 1),  # an int: protobuf converts it
+    ("matched_tokens", True),  # protobuf rejects bools
+    ("replica_id", "\ud800"),  # not encodable as UTF-8
+]
+
+
+@pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE)
+def test_encoder_declines_and_protobuf_decides(field: str, value: Any) -> None:
+    score = ReplicaScore("r", 1.0, 16, 1.0, 1)
+    setattr(score, field, value)
+    res = LookupResult("PREFIX_MATCH", [score], 5, (), "")
+    assert encoder().encode(res) is None
+    try:
+        want: Any = wire.response_from_result(res).SerializeToString()
+    except Exception as e:
+        want = type(e)
+    try:
+        got: Any = wire.encode_response(res)
+    except Exception as e:
+        got = type(e)
+    assert got == want
+
+
+def test_encoder_declines_other_shapes() -> None:
+    enc = encoder()
+    assert enc.encode(LookupResult("X", [], 2**63, (), "")) is None
+    assert enc.encode(LookupResult("X", [], 0, [2**32], "")) is None
+    assert enc.encode(LookupResult("X", [], 0, b"\x01", "")) is None
+    assert enc.encode("not a result") is None
+    with pytest.raises(TypeError):
+        LW.Encoder(ReplicaScore, LookupResult)  # type: ignore[union-attr]
