@@ -1,5 +1,6 @@
-"""Shared plumbing of the benchmarks: the peer virtual environment, child processes stopped by
-their own PID, the line protocol of worker processes, free loopback ports, statistics."""
+"""Shared plumbing of the benchmarks: the peer virtual environment, the line protocol of worker
+processes, statistics. Child processes, free ports and the children's environment come from
+``inferencecache.procs``, shared with the demo and the tests."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ import contextlib
 import fcntl
 import json
 import math
-import os
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
+
+from inferencecache.procs import Children
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -99,46 +100,6 @@ def ensure_peer_venv() -> Path:
 # Child processes
 
 
-class Procs:
-    """Every process a benchmark starts, stopped by its own PID (terminate, bounded wait, kill)
-    when the block exits, whatever the reason (error, Ctrl-C, SIGTERM turned into SystemExit)."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[Any]] = []
-
-    def start(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
-        p: subprocess.Popen[Any] = subprocess.Popen(list(cmd), **kw)
-        self.procs.append(p)
-        return p
-
-    def stop(self, p: subprocess.Popen[Any], timeout: float = 10.0) -> None:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    p.kill()
-                p.wait(timeout)
-        for stream in (p.stdin, p.stdout, p.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self) -> None:
-        for p in reversed(list(self.procs)):
-            self.stop(p)
-
-    def __enter__(self) -> Procs:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_all()
-
-
 @contextlib.contextmanager
 def sigterm_as_exit() -> Iterator[None]:
     """Turn SIGTERM into SystemExit so ``finally`` blocks stop the children (main thread only)."""
@@ -160,11 +121,11 @@ class Worker:
     """A child speaking the line protocol: one JSON command per line on stdin, one
     ``@@BENCH <json>`` reply line on stdout (other stdout lines are kept for diagnostics)."""
 
-    def __init__(self, procs: Procs, cmd: Sequence[str], name: str,
+    def __init__(self, procs: Children, cmd: Sequence[str], name: str,
                  env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.name = name
         self.procs = procs
-        self.proc = procs.start(
+        self.proc = procs.popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1, env=env, cwd=cwd,
         )
@@ -212,28 +173,19 @@ class Worker:
         self.procs.stop(self.proc)
 
 
+def print_figures(res: dict[str, Any], *, as_json: bool) -> None:
+    """A section's figures on stdout, as JSON or one ``name value`` line each."""
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return
+    for k, v in res.items():
+        print(f"{k:45s} {v}")
+
+
 def worker_reply(obj: Any) -> None:
     """The worker side of the protocol."""
     sys.stdout.write(MARK + json.dumps(obj) + "\n")
     sys.stdout.flush()
-
-
-# ---------------------------------------------------------------------------------------------
-# Ports and environment
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on ``host`` (for a peer that cannot bind port 0 itself)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment for our own children: no INFERENCECACHE_* leaking from the caller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCECACHE_")}
-    env.update(extra)
-    return env
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,14 +31,10 @@ Figures:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import queue
 import random
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from typing import Any
@@ -46,53 +42,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import Procs, child_env, log, sigterm_as_exit
+from bench.common import log, sigterm_as_exit
+from inferencecache.procs import Children
 
 BLOCK = 16
 REQUESTS_PER_STEP = 16
 NEW_BLOCKS = 8  # 1..8 per request, 4.5 on average
-
-
-class _Child:
-    """A started ``inferencecache`` command whose stderr JSON log lines are readable."""
-
-    def __init__(self, procs: Procs, *args: str) -> None:
-        self.proc = procs.start(
-            [sys.executable, "-m", "inferencecache.cli", *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=child_env(),
-        )
-        self.records: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            with contextlib.suppress(ValueError):
-                obj = json.loads(raw)
-                if isinstance(obj, dict):
-                    self.records.put(obj)
-
-    def wait(self, msg: str, timeout: float = 60.0) -> dict[str, Any]:
-        for rec in self.seen:
-            if rec.get("msg") == msg:
-                return rec
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"no {msg!r} log line within {timeout}s")
-            try:
-                rec = self.records.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"process exited ({self.proc.returncode}) before {msg!r}") from None
-                continue
-            self.seen.append(rec)
-            if rec.get("msg") == msg:
-                return rec
 
 
 def _metric(url: str, name: str) -> float:
@@ -107,27 +62,28 @@ def _metric(url: str, name: str) -> float:
 
 def _e2e(blocks: int, gpu_blocks: int = 0, sub_args: tuple[str, ...] = ()) -> dict[str, Any]:
     steps = max(1, round(blocks / (REQUESTS_PER_STEP * (1 + NEW_BLOCKS) / 2)))
-    with Procs() as procs:
-        server = _Child(procs, "serve", "--grpc-address", "127.0.0.1:0", "--http-address",
-                        "127.0.0.1:0", "--block-size", str(BLOCK))
-        srv = server.wait("serving")
+    with Children() as procs:
+        server = procs.start("serve", "--grpc-address", "127.0.0.1:0", "--http-address",
+                             "127.0.0.1:0", "--block-size", str(BLOCK), inherit=False)
+        srv = server.wait_log("serving", timeout=60)
         server_metrics = f"http://{srv['http_address']}/metrics"
-        engine = _Child(
-            procs, "fake-engine", "--workload", "random", "--seed", "1", "--steps", str(steps),
+        engine = procs.start(
+            "fake-engine", "--workload", "random", "--seed", "1", "--steps", str(steps),
             "--interval", "0", "--requests-per-step", str(REQUESTS_PER_STEP), "--new-blocks",
             str(NEW_BLOCKS), "--prefix-blocks", "0", "--gpu-blocks", str(gpu_blocks),
             "--bind", "tcp://127.0.0.1:0", "--http-address", "", "--wait-for-subscriber",
             "--start-delay", "200ms", "--precompute", "--block-size", str(BLOCK),
+            inherit=False,
         )
-        ready = engine.wait("fake engine ready")
-        sub = _Child(procs, "subscribe", "--replica-id", "bench", "--model-id", "m",
-                     "--engine-endpoint", ready["endpoint"], "--server", srv["grpc_address"],
-                     "--metrics-address", "127.0.0.1:0", "--engine-metrics-url", "",
-                     "--block-size", str(BLOCK), *sub_args)
-        sub_metrics = f"http://{sub.wait('metrics listening')['address']}/metrics"
-        sub.wait("subscribed to engine KV events")
-        t_start = _wall(engine.wait("workload publishing", timeout=120))
-        done = engine.wait("workload done", timeout=600)
+        ready = engine.wait_log("fake engine ready", timeout=60)
+        sub = procs.start("subscribe", "--replica-id", "bench", "--model-id", "m",
+                          "--engine-endpoint", ready["endpoint"], "--server", srv["grpc_address"],
+                          "--metrics-address", "127.0.0.1:0", "--engine-metrics-url", "",
+                          "--block-size", str(BLOCK), *sub_args, inherit=False)
+        sub_metrics = f"http://{sub.wait_log('metrics listening', timeout=60)['address']}/metrics"
+        sub.wait_log("subscribed to engine KV events", timeout=60)
+        t_start = _wall(engine.wait_log("workload publishing", timeout=120))
+        done = engine.wait_log("workload done", timeout=600)
         stored = int(done["blocks_stored"])
         target = stored - (gpu_blocks if gpu_blocks else 0)
         last, last_change = -1.0, time.monotonic()
@@ -167,7 +123,7 @@ def _e2e(blocks: int, gpu_blocks: int = 0, sub_args: tuple[str, ...] = ()) -> di
         if gpu_blocks:
             out["evictions_delivered"] = delivered
         for name, child in (("server", server), ("subscriber", sub), ("engine", engine)):
-            cpu = _cpu_seconds(child.proc.pid)
+            cpu = _cpu_seconds(child.pid)
             if cpu is not None and stored:
                 out[f"cpu_us_per_block_{name}"] = round(cpu * 1e6 / stored, 2)
         return out

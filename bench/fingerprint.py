@@ -26,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from inferencecache import fingerprint
+from inferencecache import fingerprint, varint
 from inferencecache.fingerprint import pure
 
 TOKENS = 8192
@@ -41,16 +41,6 @@ def _native() -> ModuleType | None:
     except ImportError:
         return None
     return _native
-
-
-def _varints(values: list[int]) -> bytes:
-    out = bytearray()
-    for v in values:
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)
 
 
 def _median_us(fn: Callable[[], object], quick: bool) -> float:
@@ -81,7 +71,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     ids = [rnd.randrange(VOCAB) for _ in range(TOKENS)]
     ids_array = array("I", ids)
     ids_le32 = struct.pack(f"<{TOKENS}I", *ids)
-    ids_varints = _varints(ids)
+    ids_varints = varint.encode_all(ids)
     pieces = [ids_le32[o : o + 4 * BLOCK] for o in range(0, len(ids_le32), 4 * BLOCK)]
     native = _native()
 

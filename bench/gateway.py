@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferencecache import fingerprint  # noqa: E402
+from inferencecache.procs import Children  # noqa: E402
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb  # noqa: E402
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc  # noqa: E402
-from tests.engines.procs import Proc  # noqa: E402
 
 BLOCK = 16
 MODEL = "bench-model"
@@ -91,20 +91,17 @@ async def measure(direct: str, via: str, n: int) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     n = 300 if quick else 2000
-    procs: list[Proc] = []
-    try:
-        server = Proc("serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-                      "--block-size", str(BLOCK))
-        procs.append(server)
+    with Children() as procs:
+        server = procs.start("serve", "--grpc-address", "127.0.0.1:0",
+                             "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK))
         grpc_address = server.wait_log("serving", timeout=30)["grpc_address"]
         engines = []
         for _ in range(2):
-            e = Proc("fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0",
-                     "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK),
-                     "--model-name", MODEL, "--gpu-blocks", "4096",
-                     "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
-                     "--prefill-base-ms", "0")
-            procs.append(e)
+            e = procs.start("fake-engine", "--workload", "simulated",
+                            "--bind", "tcp://127.0.0.1:0", "--http-address", "127.0.0.1:0",
+                            "--block-size", str(BLOCK), "--model-name", MODEL,
+                            "--gpu-blocks", "4096", "--prefill-ms-per-token", "0",
+                            "--decode-ms-per-token", "0", "--prefill-base-ms", "0")
             engines.append(e.wait_log("simulated engine ready", timeout=30)["http_address"])
         hashes, counts = fingerprint.chain(PROMPT, BLOCK)
         with grpc.insecure_channel(grpc_address) as ch:
@@ -121,17 +118,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         flag = f"r0=http://{engines[0]},r1=http://{engines[1]}"
         out: dict[str, Any] = {"prompt_tokens": len(PROMPT), "block_size": BLOCK}
         for policy in ("round_robin", "cache_aware"):
-            gw = Proc("gateway", "--engines", flag, "--server", grpc_address,
-                      "--http-address", "127.0.0.1:0", "--routing-policy", policy,
-                      "--block-size", str(BLOCK))
-            procs.append(gw)
+            gw = procs.start("gateway", "--engines", flag, "--server", grpc_address,
+                             "--http-address", "127.0.0.1:0", "--routing-policy", policy,
+                             "--block-size", str(BLOCK))
             addr = gw.wait_log("serving", timeout=30)["http_address"]
             out[policy] = asyncio.run(measure(engines[0], addr, n))
-            gw.stop()
+            procs.stop(gw)
         return out
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ from bench.workload import (
     compare,
     generate,
 )
+from inferencecache.procs import Children, child_env
 
 TENANT, MODEL, SCHEME = "bench", "bench-model", "vllm"
 
@@ -331,19 +332,19 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
     }
     peer_py = common.ensure_peer_venv() if peer else None
     errors: list[str] = []
-    with common.Procs() as procs, tempfile.TemporaryDirectory(prefix="bench-vsd-") as tmp:
+    with Children() as procs, tempfile.TemporaryDirectory(prefix="bench-vsd-") as tmp:
         path = Path(tmp) / "workload.pkl"
         with open(path, "wb") as f:
             pickle.dump(wl.to_plain(), f, protocol=pickle.HIGHEST_PROTOCOL)
         sides: dict[str, common.Worker] = {
             "ours": common.Worker(procs, [sys.executable, str(Path(__file__).resolve()),
                                           "--worker", "--store", store],
-                                  "ours", env=common.child_env(), cwd=common.REPO)
+                                  "ours", env=child_env(), cwd=common.REPO)
         }
         if peer_py is not None:
             sides["dynamo"] = common.Worker(
                 procs, [str(peer_py), str(common.BENCH_DIR / "peer_dynamo.py")], "dynamo",
-                env=common.child_env(DYN_LOG="error"), cwd=common.REPO)
+                env=child_env({"DYN_LOG": "error"}), cwd=common.REPO)
         for name, w in sides.items():
             rep = w.call({"op": "load", "path": str(path)})
             if name == "ours":
@@ -451,11 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.sigterm_as_exit():
         res = run(args.quick, smoke=args.smoke, rounds=args.rounds, peer=not args.no_peer,
                   store=args.store)
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        for k, v in res.items():
-            print(f"{k:45s} {v}")
+    common.print_figures(res, as_json=args.json)
     return 0
 
 

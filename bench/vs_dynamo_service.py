@@ -67,6 +67,7 @@ from typing import IO, Any
 
 from bench import common
 from bench.workload import REMOVED, STORED, Oracle, Params, Workload, add_sentinel, generate
+from inferencecache.procs import Children, child_env, free_port
 
 TENANT, MODEL, SCHEME = "bench", "bench-model", "vllm"
 WIRE_FORMAT = "vllm-0.33"
@@ -239,19 +240,19 @@ class Stack:
 
     name = ""
 
-    def __init__(self, procs: common.Procs, block_size: int, tmp: Path) -> None:
+    def __init__(self, procs: Children, block_size: int, tmp: Path) -> None:
         self.feed_s = float("nan")
         self.procs = procs
         self.block_size = block_size
         self.tmp = tmp
-        self.engine_port = common.free_port()
-        self.engine = procs.start(
+        self.engine_port = free_port()
+        self.engine = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "fake-engine",
              "--bind", f"tcp://127.0.0.1:{self.engine_port}", "--http-address", "",
              "--workload", "script", "--script", "-", "--block-size", str(block_size),
              "--wire-format", WIRE_FORMAT],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env=common.child_env(), cwd=common.REPO)
+            env=child_env(), cwd=common.REPO)
         self.engine_log = _Drain(self.engine.stderr)
         self.engine_log.wait_for("fake engine ready")
 
@@ -349,15 +350,15 @@ class Stack:
 class Theirs(Stack):
     name = "dynamo"
 
-    def __init__(self, procs: common.Procs, block_size: int, tmp: Path, peer_py: Path) -> None:
+    def __init__(self, procs: Children, block_size: int, tmp: Path, peer_py: Path) -> None:
         super().__init__(procs, block_size, tmp)
-        self.port = common.free_port("0.0.0.0")  # it binds 0.0.0.0:PORT; we query 127.0.0.1
-        self.proc = procs.start(
+        self.port = free_port("0.0.0.0")  # it binds 0.0.0.0:PORT; we query 127.0.0.1
+        self.proc = procs.popen(
             [str(peer_py), "-m", "dynamo.indexer", "--block-size", str(block_size),
              "--port", str(self.port), "--threads", "1",
              "--workers", f"1=tcp://127.0.0.1:{self.engine_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=common.child_env(DYN_LOG="error"), cwd=tmp)
+            env=child_env({"DYN_LOG": "error"}), cwd=tmp)
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         deadline = time.monotonic() + 60
         while True:
@@ -422,22 +423,22 @@ class Theirs(Stack):
 class Ours(Stack):
     name = "ours"
 
-    def __init__(self, procs: common.Procs, block_size: int, tmp: Path) -> None:
+    def __init__(self, procs: Children, block_size: int, tmp: Path) -> None:
         super().__init__(procs, block_size, tmp)
         policy = tmp / "policy.json"
         policy.write_text(json.dumps({"policies": [{
             "tenant_id": TENANT, "minimum_matched_tokens": 0, "routing_floor_score": 0,
             "affinity_routing": False}]}))
-        self.serve = procs.start(
+        self.serve = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "serve",
              "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
              "--block-size", str(block_size), "--max-holds", "0", "--sweep-interval", "1h",
              "--policy-file", str(policy)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env=common.child_env(), cwd=common.REPO)
+            env=child_env(), cwd=common.REPO)
         rec = _Drain(self.serve.stderr).wait_for("serving")
         self.port = int(str(rec["grpc_address"]).rsplit(":", 1)[1])
-        self.sub = procs.start(
+        self.sub = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "subscribe",
              "--replica-id", "w0", "--model-id", MODEL, "--tenant-id", TENANT,
              "--hash-scheme", SCHEME, "--block-size", str(block_size),
@@ -445,7 +446,7 @@ class Ours(Stack):
              "--server", f"127.0.0.1:{self.port}", "--engine-metrics-url", "",
              "--metrics-address", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env=common.child_env(), cwd=common.REPO)
+            env=child_env(), cwd=common.REPO)
         self.sub_log = _Drain(self.sub.stderr)
         import grpc
 
@@ -529,7 +530,7 @@ def _latencies(kind: str, port: int, path: str, body: bytes, n: int, tmp: Path,
     body_file.write_bytes(body)
     res = subprocess.run([sys.executable, "-c", PY_CLIENT, kind, str(port), path,
                           str(body_file), str(n)], check=True, capture_output=True, text=True,
-                         timeout=900, env=common.child_env())
+                         timeout=900, env=child_env())
     values: list[float] = json.loads(res.stdout)
     return values
 
@@ -539,11 +540,11 @@ def _latencies(kind: str, port: int, path: str, body: bytes, n: int, tmp: Path,
 
 
 @contextlib.contextmanager
-def _stack(side: str, procs: common.Procs, bs: int, tmp: Path,
+def _stack(side: str, procs: Children, bs: int, tmp: Path,
            peer_py: Path | None, probe_seed: int) -> Iterator[Stack]:
     sub = tmp / f"{side}-{probe_seed}"
     sub.mkdir()
-    with common.Procs() as mine:
+    with Children() as mine:
         st: Stack = Theirs(mine, bs, sub, peer_py) if side == "dynamo" and peer_py else \
             Ours(mine, bs, sub)
         try:
@@ -586,10 +587,10 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
                            "service_wire_format": WIRE_FORMAT}
     errors: list[str] = []
     sides = ["ours", "dynamo"] if peer_py is not None else ["ours"]
-    with common.Procs() as procs, tempfile.TemporaryDirectory(prefix="bench-svc-") as tmpdir:
+    with Children() as procs, tempfile.TemporaryDirectory(prefix="bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
         hasher = (common.Worker(procs, [str(peer_py), str(common.BENCH_DIR / "peer_dynamo.py")],
-                                "dynamo-hash", env=common.child_env(DYN_LOG="error"))
+                                "dynamo-hash", env=child_env({"DYN_LOG": "error"}))
                   if peer_py is not None else None)
         prepared = {name: _prepare(p, hasher) for name, p in workloads.items()}
         if hasher is not None:
@@ -692,11 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.sigterm_as_exit():
         res = run(args.quick, smoke=args.smoke, rounds=args.rounds, peer=not args.no_peer,
                   client=args.client, evict=args.evict, requests=args.requests)
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        for k, v in res.items():
-            print(f"{k:45s} {v}")
+    common.print_figures(res, as_json=args.json)
     return 0
 
 

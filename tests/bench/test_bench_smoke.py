@@ -19,6 +19,7 @@ import pytest
 
 from bench import common, run, vs_dynamo, vs_dynamo_service
 from bench.workload import REMOVED, SMOKE, STORED, Oracle, compare, generate
+from inferencecache.procs import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,7 +91,7 @@ def test_run_smoke_as_a_file_writes_every_key(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--no-peer",
          "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=common.child_env(),
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=child_env(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())

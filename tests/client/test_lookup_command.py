@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from inferencecache.client.command import parse_token_list
+from inferencecache.procs import run_cli
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.tokenize import load_tokenizer_dir
 from tests.server.helpers import CONFIG, MODEL, TENANT, chain_entry, one_shot, tokens, update
-from tests.server.proc import run_cli
 from tests.tokenize.tinytok import write_model
 
 TOKS = tokens(48, start=7)

@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from inferencecache import fingerprint
+from inferencecache.procs import Child, Children
 from inferencecache.tokenize.openai import (
     chat_prompt_ids,
     completion_prompt_ids,
@@ -30,7 +31,6 @@ from inferencecache.tokenize.openai import (
 )
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
-from tests.engines.procs import Proc
 from tests.tokenize.tinytok import write_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -43,23 +43,20 @@ BLOCK = 16
 @dataclass
 class Cluster:
     tokdir: Path
-    procs: list[Proc] = field(default_factory=list)
+    children: Children = field(default_factory=Children)
     grpc_address: str = ""
     engines: dict[str, str] = field(default_factory=dict)  # replica -> http host:port
-    engine_procs: dict[str, Proc] = field(default_factory=dict)
+    engine_procs: dict[str, Child] = field(default_factory=dict)
     stub: Any = None
     channel: grpc.Channel | None = None
 
-    def start(self, *args: str) -> Proc:
-        p = Proc(*args)
-        self.procs.append(p)
-        return p
+    def start(self, *args: str) -> Child:
+        return self.children.start(*args)
 
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        for p in reversed(self.procs):
-            p.stop()
+        self.children.stop_all()
 
     def gateway(self, *extra: str) -> str:
         engines = ",".join(f"{rid}=http://{addr}" for rid, addr in sorted(self.engines.items()))

@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
+from inferencecache.procs import Child, Children
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
-from tests.engines.procs import Proc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -37,20 +37,18 @@ class Fleet:
     """The processes of one test; ``close()`` stops each by PID."""
 
     def __init__(self) -> None:
-        self.procs: list[Proc] = []
+        self.children = Children()
         self.grpc_address = ""
-        self.server_proc: Proc | None = None
+        self.server_proc: Child | None = None
         self.channel: grpc.Channel | None = None
         self.stub: Any = None
 
-    def _start(self, *args: str, stdin: bool = False) -> Proc:
-        p = Proc(*args, stdin=stdin)
-        self.procs.append(p)
-        return p
+    def _start(self, *args: str, stdin: bool = False) -> Child:
+        return self.children.start(*args, stdin=stdin)
 
     # ---- processes ------------------------------------------------------------------------------
 
-    def server(self, grpc_address: str = "127.0.0.1:0") -> Proc:
+    def server(self, grpc_address: str = "127.0.0.1:0") -> Child:
         p = self._start("serve", "--grpc-address", grpc_address, "--http-address",
                         "127.0.0.1:0", "--block-size", str(BLOCK))
         rec = p.wait_log("serving", timeout=20)
@@ -63,7 +61,7 @@ class Fleet:
 
     def engine(
         self, bind: str = "tcp://127.0.0.1:0", replay: bool = False
-    ) -> tuple[Proc, dict[str, Any]]:
+    ) -> tuple[Child, dict[str, Any]]:
         args = ["fake-engine", "--workload", "script", "--script", "-", "--bind", bind,
                 "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK)]
         if replay:
@@ -71,7 +69,7 @@ class Fleet:
         p = self._start(*args, stdin=True)
         return p, p.wait_log("fake engine ready", timeout=20)
 
-    def subscriber(self, replica: str, ready: dict[str, Any], *extra: str) -> tuple[Proc, str]:
+    def subscriber(self, replica: str, ready: dict[str, Any], *extra: str) -> tuple[Child, str]:
         p = self._start(
             "subscribe", "--replica-id", replica, "--model-id", MODEL,
             "--engine-endpoint", ready["endpoint"], "--server", self.grpc_address,
@@ -85,8 +83,7 @@ class Fleet:
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        for p in reversed(self.procs):
-            p.stop()
+        self.children.stop_all()
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -100,7 +97,7 @@ class Fleet:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
-    def sync(self, engine: Proc, metrics_url: str, timeout: float = 15.0) -> None:
+    def sync(self, engine: Child, metrics_url: str, timeout: float = 15.0) -> None:
         """Publish harmless clears until the subscriber has received one (slow joiner)."""
         start = self.metric(metrics_url, "batches_received_total")
         deadline = time.monotonic() + timeout
@@ -160,7 +157,7 @@ def two_replicas(fleet: Fleet, replay: bool = False,
     return {"ea": ea, "eb": eb, "ra": ra, "rb": rb, "sa": sa, "sb": sb, "ma": ma, "mb": mb}
 
 
-def store(engine: Proc, tokens: list[int], **kw: Any) -> None:
+def store(engine: Child, tokens: list[int], **kw: Any) -> None:
     engine.send(json.dumps({"op": "store", "tokens": tokens, **kw}))
 
 

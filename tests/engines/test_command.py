@@ -20,7 +20,7 @@ from inferencecache.kvevents.framing import (
     parse_live,
     parse_replay_reply,
 )
-from tests.engines.procs import Proc, run_cli
+from inferencecache.procs import Child, run_cli
 from tests.subscriber.conftest import MapperKit
 
 BASE = ["fake-engine", "--bind", "tcp://127.0.0.1:0", "--http-address", "127.0.0.1:0"]
@@ -57,7 +57,7 @@ def test_bad_flag_values_exit_2_with_one_line(
 
 
 def test_help_lists_the_flags() -> None:
-    r = run_cli("fake-engine", "--help")
+    r = run_cli(["fake-engine", "--help"])
     assert r.returncode == 0
     for flag in ("--bind", "--wire-format", "--workload", "--replay-endpoint", "--http-address",
                  "--num-blocks", "--omit-token-ids", "--script", "--seed"):
@@ -77,7 +77,7 @@ def _recv(sock: zmq.Socket[bytes], timeout: float = 5.0) -> list[bytes]:
 
 
 def test_s13_73_fixed_batch_process_and_its_expect_lines() -> None:
-    with Proc(*BASE, "--num-blocks", "4", "--events", "2", "--block-size", "16",
+    with Child(*BASE, "--num-blocks", "4", "--events", "2", "--block-size", "16",
               "--interval", "50ms") as engine:
         ready = engine.wait_log("fake engine ready")
         engine.wait_log("EXPECT prefix_hash[3]")
@@ -116,7 +116,7 @@ def test_s13_73_fixed_batch_process_and_its_expect_lines() -> None:
 
 
 def test_omit_token_ids_and_origin_wire_shape() -> None:
-    with Proc(*BASE, "--num-blocks", "2", "--omit-token-ids", "--wire-format", "vllm-0.9",
+    with Child(*BASE, "--num-blocks", "2", "--omit-token-ids", "--wire-format", "vllm-0.9",
               "--interval", "50ms", "--topic", "kv-events") as engine:
         ready = engine.wait_log("fake engine ready")
         assert engine.wait_log("EXPECT no index entries")
@@ -141,7 +141,7 @@ def _replay(endpoint: str, start: int, ctx: zmq.Context[zmq.Socket[bytes]]) -> l
 
 
 def test_script_from_stdin_with_replay() -> None:
-    with Proc("fake-engine", "--bind", "tcp://127.0.0.1:0", "--http-address", "",
+    with Child("fake-engine", "--bind", "tcp://127.0.0.1:0", "--http-address", "",
               "--workload", "script", "--script", "-", "--replay-endpoint", "tcp://127.0.0.1:0",
               "--block-size", "4", stdin=True) as engine:
         ready = engine.wait_log("fake engine ready")
@@ -192,7 +192,7 @@ def _decoded_events(endpoint: str) -> list[DecodedBatch]:
 def test_random_workload_is_deterministic_per_seed() -> None:
     runs = []
     for _ in range(2):
-        with Proc(*BASE, "--workload", "random", "--seed", "7", "--steps", "20",
+        with Child(*BASE, "--workload", "random", "--seed", "7", "--steps", "20",
                   "--interval", "0", "--gpu-blocks", "30", "--clear-every", "9",
                   "--lora-adapters", "1=sql-lora,2=chat-lora", "--lora-fraction", "0.5",
                   "--replay-endpoint", "tcp://127.0.0.1:0") as engine:

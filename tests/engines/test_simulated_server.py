@@ -20,15 +20,15 @@ from inferencecache import fingerprint
 from inferencecache.kvevents import decode_batch
 from inferencecache.kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from inferencecache.kvevents.framing import parse_live
-from tests.engines.procs import Proc
+from inferencecache.procs import Child
 from tests.subscriber.conftest import MapperKit
 
 B = 4
 MODEL = "sim-m"
 
 
-def start(*extra: str) -> tuple[Proc, str, str]:
-    proc = Proc(
+def start(*extra: str) -> tuple[Child, str, str]:
+    proc = Child(
         "fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0",
         "--http-address", "127.0.0.1:0", "--model-name", MODEL, "--block-size", str(B),
         "--lora-adapters", "1=sql-lora", *extra,
@@ -42,7 +42,7 @@ def start(*extra: str) -> tuple[Proc, str, str]:
 
 
 @pytest.fixture
-def engine() -> Iterator[tuple[Proc, str, str]]:
+def engine() -> Iterator[tuple[Child, str, str]]:
     proc, endpoint, http = start("--gpu-blocks", "8", "--prefill-ms-per-token", "0.01",
                                  "--decode-ms-per-token", "0.1")
     try:
@@ -121,7 +121,7 @@ def joined(http: str, endpoint: str) -> tuple[zmq.Context[zmq.Socket[bytes]], zm
 
 
 def test_completions_hit_the_prefix_cache_and_publish_real_events(
-    engine: tuple[Proc, str, str],
+    engine: tuple[Child, str, str],
 ) -> None:
     _, endpoint, http = engine
     ctx, sub = joined(http, endpoint)
@@ -165,7 +165,7 @@ def test_completions_hit_the_prefix_cache_and_publish_real_events(
 
 
 def test_lora_requests_carry_the_adapter_and_eviction_publishes_removals(
-    engine: tuple[Proc, str, str],
+    engine: tuple[Child, str, str],
 ) -> None:
     _, endpoint, http = engine
     ctx, sub = joined(http, endpoint)
@@ -196,7 +196,7 @@ def test_lora_requests_carry_the_adapter_and_eviction_publishes_removals(
         ctx.term()
 
 
-def test_models_errors_and_streaming(engine: tuple[Proc, str, str]) -> None:
+def test_models_errors_and_streaming(engine: tuple[Child, str, str]) -> None:
     _, _, http = engine
     models = json.loads(get(http, "/v1/models"))
     assert [(m["id"], m["parent"]) for m in models["data"]] == [(MODEL, None),
@@ -259,9 +259,9 @@ def test_a_full_engine_queues_requests() -> None:
      (["--http-address", ""], "--http-address")],
 )
 def test_bad_simulated_flags_exit_2(args: list[str], flag: str) -> None:
-    from tests.engines.procs import run_cli
+    from inferencecache.procs import run_cli
 
-    r = run_cli("fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0", *args)
+    r = run_cli(["fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0", *args])
     assert r.returncode == 2 and flag in r.stderr
 
 

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 import struct
 from types import ModuleType
 
 import pytest
 import xxhash
 
+from inferencecache import accelerators
 from inferencecache.fingerprint import pure
 
 SEED = 1337
 
 
-def _native_or_none() -> ModuleType | None:
-    try:
-        return importlib.import_module("inferencecache.fingerprint._native")
-    except ImportError:
-        if os.environ.get("INFERENCECACHE_REQUIRE_NATIVE") == "1":
-            raise
-        return None
-
-
-NATIVE = _native_or_none()
+NATIVE = accelerators.built("inferencecache.fingerprint._native")
 IMPLS = [
     pytest.param(pure, id="python"),
     pytest.param(
@@ -59,12 +49,3 @@ def oracle(tokens: list[int], block_size: int, parent: int | None = None) -> lis
     return out
 
 
-def encode_varints(values: list[int]) -> bytes:
-    """Protobuf varint encoding (any non-negative int, so tests can build over-range ones)."""
-    out = bytearray()
-    for v in values:
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)

@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferencecache.fingerprint import pure
+from inferencecache.varint import encode_all as encode_varints
 
-from .conftest import NATIVE, encode_varints, oracle
+from .conftest import NATIVE, oracle
 
 U32 = st.integers(min_value=0, max_value=2**32 - 1)
 TOKEN = st.one_of(st.integers(0, 300), st.integers(0, 200_000), U32)

@@ -9,8 +9,9 @@ from types import ModuleType
 import pytest
 
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+from inferencecache.varint import encode_all as encode_varints
 
-from .conftest import encode_varints, oracle
+from .conftest import oracle
 
 
 def packed(impl: ModuleType, tokens: list[int], b: int, parent: int | None = None) -> bytes:
@@ -139,6 +140,22 @@ def test_varint_count_is_cheap_and_counts_terminators(impl: ModuleType) -> None:
     assert impl.varint_count(over) == 2
     with pytest.raises(ValueError):
         impl.decode_varints(over)
+
+
+@pytest.mark.parametrize(
+    "prefix", [b"", b"\x01", b"\x01\x02\x03", encode_varints(list(range(90)))]
+)
+def test_varint_count_rejects_varints_longer_than_ten_bytes(
+    impl: ModuleType, prefix: bytes
+) -> None:
+    """Protobuf refuses a message holding an 11-byte varint; the count must refuse it too."""
+    ten = b"\xff" * 9 + b"\x01"  # the longest varint protobuf accepts
+    assert impl.varint_count(prefix + ten + b"\x05") == impl.varint_count(prefix) + 2
+    eleven = b"\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x80\x30"  # found by the wire fuzz test
+    with pytest.raises(ValueError, match=f"offset {len(prefix)} is longer than 10 bytes"):
+        impl.varint_count(prefix + eleven + b"\x05")
+    with pytest.raises(ValueError, match="longer than 10 bytes"):
+        impl.varint_count(prefix + b"\x80" * 30 + b"\x01")
 
 
 def test_buffer_types(impl: ModuleType) -> None:

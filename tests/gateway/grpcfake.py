@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -38,14 +37,6 @@ class FakeHints(pb_grpc.InferenceCacheServicer):
                 for r in self.replicas
             ],
         )
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return int(port)
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from inferencecache.gateway.app import Gateway
 from inferencecache.gateway.settings import GatewaySettings
 from inferencecache.tokenize.openai import EngineTokenizer
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+from inferencecache.web import Listener
 
 LOOPBACK = "127.0.0.1"
 
@@ -293,3 +294,24 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if metric == name and all(got.get(k) == v for k, v in labels.items()):
             return float(value)
     return 0.0
+
+
+@asynccontextmanager
+async def raw_engine(
+    completions: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[int]:
+    """An engine whose ``POST /v1/completions`` is ``completions`` (``/health`` answers 200),
+    on a loopback port chosen by the OS; yields the port."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    listener = Listener(app)
+    port = await listener.start(LOOPBACK, 0)
+    try:
+        yield port
+    finally:
+        await listener.stop()

@@ -3,75 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import queue
 import signal
 import socket
-import subprocess
-import threading
-import time
-from typing import Any
 
 import pytest
 
+from inferencecache.procs import Child, run_cli
 from tests.gateway.support import client, engines, post
-from tests.server.proc import CLI, child_env, run_cli
 
 
-class GatewayProcess:
-    """A running ``inferencecache gateway``; its JSON log lines are read by a thread."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, "gateway", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env(env),
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def wait_log(self, msg: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"{msg!r} not logged within {timeout}s: {self.seen!r}")
-            try:
-                line = self.lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise AssertionError(f"exited {self.proc.poll()} before {msg!r}: {self.seen!r}")
-            self.seen.append(line)
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("msg") == msg:
-                return dict(rec)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(10)
-        finally:
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
+def gateway(args: list[str], env: dict[str, str] | None = None) -> Child:
+    """A running ``inferencecache gateway`` with exactly these flags and settings."""
+    return Child("gateway", *args, env=env, inherit=False)
 
 
 async def test_gateway_process_serves_and_stops_on_sigterm():
     async with engines("a") as stubs:
-        gw = GatewayProcess(
+        gw = gateway(
             ["--http-address", "127.0.0.1:0", "--engines", f"r0={stubs[0].url}",
              "--server", "127.0.0.1:1", "-health-interval=1s"],
             env={"INFERENCECACHE_ROUTING_POLICY": "round_robin"},
@@ -88,9 +36,9 @@ async def test_gateway_process_serves_and_stops_on_sigterm():
                 )
                 assert status == 200 and body["served_by"] == "a"
                 assert headers["X-Cache-Route-Reason"] == "ROUND_ROBIN"
-            gw.proc.send_signal(signal.SIGTERM)
+            gw.signal(signal.SIGTERM)
             await asyncio.to_thread(gw.wait_log, "stopped")
-            assert await asyncio.to_thread(gw.proc.wait, 10) == 0
+            assert await asyncio.to_thread(gw.wait, 10) == 0
         finally:
             gw.stop()
 

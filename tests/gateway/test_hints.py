@@ -13,9 +13,10 @@ import pytest
 
 from inferencecache import fingerprint
 from inferencecache.config import HostPort
+from inferencecache.procs import free_port
 from inferencecache.server.testing import running_server
 from inferencecache.tokenize.openai import load_engine_tokenizers
-from tests.gateway.grpcfake import FakeHints, fake_hint_server, free_port
+from tests.gateway.grpcfake import FakeHints, fake_hint_server
 from tests.gateway.support import (
     client,
     dead_url,
@@ -290,6 +291,26 @@ async def test_other_server_codes_fall_back(code, reason):
             assert route_of(headers) == ("r0", reason, "true")
 
 
+async def test_default_gateway_moves_a_weak_match_to_the_least_loaded_replica():
+    """The default load guard: a PREFIX_MATCH covering < 30% of the prompt is not followed;
+    ``--routing-params min_match_fraction=0`` follows it again."""
+    fake = FakeHints(reason_code="PREFIX_MATCH", replicas=("r1",), matched=16)  # 16 of 128
+    with fake_hint_server(fake) as target:
+        async with engines("a", "b") as stubs:
+            async with gateway(settings(engines_flag(stubs), server=host_port(target))) as (
+                _, url
+            ), client() as c:
+                _, headers, _ = await post(c, url, {"model": "m", "prompt": P})
+                assert headers["X-Cache-Route-Reason"] == "LOAD_BALANCE"
+                assert headers["X-Cache-Route-Fallback"] == "false"
+            async with gateway(settings(engines_flag(stubs), server=host_port(target),
+                                        routing_params="min_match_fraction=0")) as (
+                _, url
+            ), client() as c:
+                _, headers, _ = await post(c, url, {"model": "m", "prompt": P})
+                assert route_of(headers) == ("r1", "PREFIX_MATCH", "false")
+
+
 async def test_hinted_replica_down_falls_back_to_a_healthy_one():
     fake = FakeHints(reason_code="PREFIX_MATCH", replicas=("r1",), matched=128)
     with fake_hint_server(fake) as target:
@@ -315,7 +336,9 @@ async def test_prompt_shorter_than_a_block_is_not_looked_up():
 
 async def test_a_server_that_comes_up_later_is_used():
     port = free_port()
-    fake = FakeHints(reason_code="PREFIX_MATCH", replicas=("r1",))
+    # The whole prompt matched: a real PREFIX_MATCH (the default load guard moves a match
+    # covering < 30% of the prompt to the least loaded replica).
+    fake = FakeHints(reason_code="PREFIX_MATCH", replicas=("r1",), matched=len(P))
     async with engines("a", "b") as stubs, gateway(
         settings(engines_flag(stubs), server=HostPort("127.0.0.1", port), lookup_timeout=0.2)
     ) as (_, url), client() as c:

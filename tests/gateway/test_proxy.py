@@ -14,6 +14,7 @@ from tests.gateway.support import (
     gateway,
     metric_value,
     post,
+    raw_engine,
     settings,
     wait_until,
 )
@@ -195,26 +196,13 @@ async def test_gzip_from_engine_passes_through_untouched():
             headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
         )
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with gateway(settings(f"r0=http://127.0.0.1:{port}")) as (_, url), \
-                aiohttp.ClientSession(auto_decompress=False) as c, c.post(
-                    url + "/v1/completions", json={"model": "m", "prompt": "x"}
-                ) as r:
-            assert r.headers["Content-Encoding"] == "gzip"
-            assert gzip.decompress(await r.read()) == b'{"ok": true}'
-    finally:
-        await runner.cleanup()
+    async with raw_engine(handler) as port, \
+            gateway(settings(f"r0=http://127.0.0.1:{port}")) as (_, url), \
+            aiohttp.ClientSession(auto_decompress=False) as c, c.post(
+                url + "/v1/completions", json={"model": "m", "prompt": "x"}
+            ) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(await r.read()) == b'{"ok": true}'
 
 
 async def test_no_cookies_kept_and_no_encoding_asked_on_the_clients_behalf():
@@ -228,26 +216,13 @@ async def test_no_cookies_kept_and_no_encoding_asked_on_the_clients_behalf():
         resp.set_cookie("session", "secret-of-client-1")
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with gateway(settings(f"r0=http://127.0.0.1:{port}")) as (_, url):
-            for _ in range(2):
-                async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as c, \
-                        c.post(url + "/v1/completions", data=b'{"model": "m", "prompt": "x"}',
-                               skip_auto_headers=("Content-Type",)) as r:
-                    assert r.status == 200
-    finally:
-        await runner.cleanup()
+    async with raw_engine(handler) as port, \
+            gateway(settings(f"r0=http://127.0.0.1:{port}")) as (_, url):
+        for _ in range(2):
+            async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as c, \
+                    c.post(url + "/v1/completions", data=b'{"model": "m", "prompt": "x"}',
+                           skip_auto_headers=("Content-Type",)) as r:
+                assert r.status == 200
     assert len(seen) == 2
     for h in seen:
         assert "Cookie" not in h  # the first answer's cookie was not replayed for the second

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inferencecache.gateway.settings import GatewaySettings, parse_adapters, parse_engines
+from inferencecache.routing.cache_aware import CacheAwarePolicy
+from inferencecache.sim import cluster
 
 
 def test_parse_engines_keeps_order_ids_and_normalises_urls():
@@ -54,3 +56,46 @@ def test_settings_defaults_match_the_documented_ones():
         engines="r0=http://x:1", routing_policy="approximate", routing_params="capacity_blocks=9"
     )
     assert p.policy_params == {"capacity_blocks": 9}
+
+
+def test_default_gateway_policy_runs_with_the_demos_load_guard():
+    """``cache_aware`` (the default) gets the demo's guard; the library class keeps it off."""
+
+    s = GatewaySettings(engines="r0=http://127.0.0.1:8000")
+    policy = s.build_policy()
+    assert isinstance(policy, CacheAwarePolicy)
+    assert (policy.balance_abs_threshold, policy.balance_rel_threshold) == (4, 1.5)
+    assert policy.min_match_fraction == 0.3
+    assert s.effective_policy_params == cluster.default_policy_params(cluster.DEFAULT_ENGINE)[
+        "cache_aware"
+    ]
+    bare = CacheAwarePolicy()
+    assert (bare.balance_abs_threshold, bare.min_match_fraction) == (0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [
+        ("oracle", {"balance_abs_threshold": 4}),
+        ("approximate", {"balance_abs_threshold": 4, "match_threshold": 0.3}),
+        ("round_robin", {}),
+        ("random", {}),
+    ],
+)
+def test_every_prefix_aware_policy_gets_the_guard_and_only_those(policy, want):
+    s = GatewaySettings(engines="r0=http://x:1", routing_policy=policy)
+    assert s.effective_policy_params == want
+    built = s.build_policy()
+    for k, v in want.items():
+        assert getattr(built, k) == v
+
+
+def test_routing_params_override_or_turn_off_the_guard():
+    s = GatewaySettings(
+        engines="r0=http://x:1", routing_params="balance_abs_threshold=0,min_match_fraction=0"
+    )
+    policy = s.build_policy()
+    assert isinstance(policy, CacheAwarePolicy)
+    assert (policy.balance_abs_threshold, policy.min_match_fraction) == (0, 0.0)
+    s = GatewaySettings(engines="r0=http://x:1", routing_params="balance_abs_threshold=8")
+    assert s.effective_policy_params == {"balance_abs_threshold": 8, "min_match_fraction": 0.3}

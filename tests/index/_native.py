@@ -1,39 +1,14 @@
-"""The compiled store's module for the nativestore tests, or None when it is not built.
+"""The compiled index modules for the nativestore and ranking tests, or None when not built.
 
-Imported directly (not through ``nativestore``) so the C type is tested even when
-``INFERENCECACHE_PURE_PYTHON`` steers the application to the twin; a missing build is an error
+Imported directly (not through ``nativestore``/``ranking``) so the C types are tested even when
+``INFERENCECACHE_PURE_PYTHON`` steers the application to the twins; a missing build is an error
 under ``INFERENCECACHE_REQUIRE_NATIVE`` (``scripts/check``).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
+from inferencecache import accelerators
 
-
-def load() -> ModuleType | None:
-    try:
-        return importlib.import_module("inferencecache.index._blockmap")
-    except ImportError:
-        flag = os.environ.get("INFERENCECACHE_REQUIRE_NATIVE", "").strip().lower()
-        if flag not in ("", "0", "false", "no"):
-            raise
-        return None
-
-
-BLOCKMAP = load()
-
-
-def load_rank() -> ModuleType | None:
-    """The compiled ranker (``_rank``), imported directly for the same reason."""
-    try:
-        return importlib.import_module("inferencecache.index._rank")
-    except ImportError:
-        flag = os.environ.get("INFERENCECACHE_REQUIRE_NATIVE", "").strip().lower()
-        if flag not in ("", "0", "false", "no"):
-            raise
-        return None
-
-
-RANK = load_rank()
+BLOCKMAP = accelerators.built("inferencecache.index._blockmap")
+RANK = accelerators.built("inferencecache.index._rank")
+"""The compiled ranker (``_rank``)."""

@@ -188,19 +188,10 @@ class Env:
 
     def holds(self) -> dict[tuple[str, str, str, str, bytes, str], tuple[int, int, int, int]]:
         """(tenant, model, scheme, adapter, key, replica) -> (tokens, last_seen, tier, access)."""
-        st = self.index._state
-        out = {}
-        with self.index._lock:
-            for part in st.parts.values():
-                for hold in part.store.holds():
-                    name = st.replicas.name(hold.replica)
-                    out[(*part.key, hold.key, name)] = (
-                        hold.tokens,
-                        hold.last_seen,
-                        hold.tier,
-                        hold.access,
-                    )
-        return out
+        return {
+            (*h.partition, h.key, h.replica_id): (h.tokens, h.last_seen_us, h.tier, h.access)
+            for h in self.index.holds()
+        }
 
     def access(self, replica: str, key: bytes, **kw: str) -> int:
         full = (kw.get("tenant", T), kw.get("model", M), kw.get("scheme", S), kw.get("adapter", ""))
@@ -245,12 +236,3 @@ class FakeTokenizer:
         return self.fn(text)
 
 
-def varints(ids: Sequence[int]) -> bytes:
-    """The packed ``repeated uint32`` payload of ``ids`` (protobuf varints)."""
-    out = bytearray()
-    for v in ids:
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)

@@ -10,7 +10,8 @@ import pytest
 
 from inferencecache import fingerprint
 from inferencecache.index import IndexSettings, Reason
-from tests.index.support import Env, FakeTokenizer, h, ids, varints
+from inferencecache.varint import encode_all as varints
+from tests.index.support import Env, FakeTokenizer, h, ids
 
 TOKENS = list(range(1000, 1064))  # four 16-token blocks
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from inferencecache import accelerators
 from inferencecache.index import store as store_mod
 from inferencecache.index.memstore import MemStore
 from inferencecache.index.store import Hold, PartitionStore, Run
@@ -80,12 +81,7 @@ def test_results_are_the_protocol_namedtuples() -> None:
 
 
 def test_nativestore_module_exposes_the_type() -> None:
-    if os.environ.get("INFERENCECACHE_PURE_PYTHON", "").strip().lower() not in (
-        "",
-        "0",
-        "false",
-        "no",
-    ):
+    if accelerators.pure_python_forced():
         pytest.skip("nativestore is disabled by INFERENCECACHE_PURE_PYTHON (tested below)")
     from inferencecache.index import nativestore
 

@@ -11,15 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferencecache import accelerators
 from inferencecache.kvevents import packed
 
 IMPLS: dict[str, Any] = {"pure": (packed.token_array_py, packed.hash_keys_py)}
-try:
-    from inferencecache.kvevents import _native
-
+_native = accelerators.built("inferencecache.kvevents._native")
+if _native is not None:
     IMPLS["native"] = (_native.token_array, _native.hash_keys)
-except ImportError:
-    pass
 
 enc = msgspec.msgpack.Encoder()
 

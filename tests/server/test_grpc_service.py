@@ -14,7 +14,7 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from inferencecache import fingerprint
+from inferencecache import fingerprint, varint
 from inferencecache.index.model import PROBE_TENANT
 from inferencecache.index.policy import IndexConfig, TenantPolicy
 from inferencecache.server.testing import RunningServer, running_server
@@ -175,6 +175,9 @@ def test_c10_06_update_visible_before_stream_closes(srv: RunningServer) -> None:
     finally:
         feeder.q.put(None)
     assert fut.result(timeout=10) == pb.Ack(accepted=True)
+    assert not srv.metrics.registry.get_sample_value(
+        "inferencecache_server_report_stream_errors_total", {"reason": "cancelled"}
+    )  # a normal half-close is not a cancel
 
 
 def test_c10_07_cancelled_stream_is_an_error_and_keeps_earlier_updates(srv: RunningServer) -> None:
@@ -386,11 +389,7 @@ def _bad_lookups() -> list[bytes]:
     raw = [r.SerializeToString() for r in reqs]
     # 1,048,577 token ids (one over the bound) as packed varints
     payload = b"\x01" * 1_048_577
-    n, length = len(payload), b""
-    while n >= 0x80:
-        length += bytes([(n & 0x7F) | 0x80])
-        n >>= 7
-    length += bytes([n])
+    length = varint.encode(len(payload))
     raw.append(b"\x0a\x01m\x12\x01t\x2a\x04vllm" + b"\x4a" + length + payload)
     # undecodable: invalid UTF-8, truncated field, garbage, group wire type, a >u32 token varint
     raw += [

@@ -57,6 +57,14 @@ def auth_count(s: RunningServer, endpoint: str, result: str) -> float:
     return v or 0.0
 
 
+def rejected_count(s: RunningServer, endpoint: str, reason: str) -> float:
+    v = s.metrics.registry.get_sample_value(
+        "inferencecache_server_admin_rejected_requests_total",
+        {"endpoint": endpoint, "reason": reason},
+    )
+    return v or 0.0
+
+
 async def test_c10_86_healthz(srv: RunningServer, http: aiohttp.ClientSession) -> None:
     async with http.get(srv.http_url + "/healthz") as r:
         assert r.status == 200
@@ -202,9 +210,12 @@ async def test_c10_86_replacing_config_restores_defaults(
 async def test_bad_input_policy_body_is_400_with_message(
     srv: RunningServer, http: aiohttp.ClientSession, body: bytes, needle: str
 ) -> None:
+    reason = "too_large" if needle == "larger than" else "invalid"
+    before = rejected_count(srv, "policy", reason)
     async with http.post(srv.admin_url + "/policy", data=body) as r:
         assert r.status == 400
         assert needle in await r.text()
+    assert rejected_count(srv, "policy", reason) == before + 1
 
 
 async def test_policy_method_check(srv: RunningServer, http: aiohttp.ClientSession) -> None:
@@ -223,8 +234,10 @@ async def test_probe(srv: RunningServer, http: aiohttp.ClientSession) -> None:
         assert (await r.json())["totalPrefixes"] == 0  # cleaned up, and invisible anyway
     async with http.post(srv.admin_url + "/probe", json={"backend": "b1"}) as r:
         assert r.status == 400
+    assert rejected_count(srv, "probe", "invalid") == 1
     async with http.post(srv.admin_url + "/probe", data=b"x" * 5000) as r:
         assert r.status == 400
+    assert rejected_count(srv, "probe", "too_large") == 1
     async with http.get(srv.admin_url + "/probe") as r:
         assert r.status == 405 and r.headers["Allow"] == "POST"
 

@@ -128,16 +128,8 @@ def _index(store: str, settings: IndexSettings, quota: bool) -> tuple[Index, Rec
 
 
 def _state(index: Index, metrics: RecordingMetrics) -> dict[str, Any]:
-    st_ = index._state
-    holds = sorted(
-        (part.key, h.key, st_.replicas.names[h.replica], h.tokens, h.last_seen, h.tier, h.access)
-        for part in st_.parts.values() for h in part.store.holds()
-    )
-    stats = sorted(
-        (tm, st_.replicas.names[rid], row.cache_memory_bytes, row.hit_rate, row.pressure,
-         row.last_seen, row.stats_reported)
-        for tm, rows in st_.stats.items() for rid, row in rows.items()
-    )
+    holds = sorted(index.holds())
+    stats = sorted(index.stats_rows())
     return {
         "holds": holds,
         "stats": stats,

@@ -10,36 +10,23 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import random
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferencecache import accelerators
 from inferencecache.index.ingest import f32
 from inferencecache.index.model import LookupRequest, LookupResult, ReplicaScore
 from inferencecache.server import wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-from .test_wire_parser import requests
+from .wirefuzz import mutate, requests
 
-
-def _load() -> ModuleType | None:
-    try:
-        return importlib.import_module("inferencecache.server._lookupwire")
-    except ImportError:
-        flag = os.environ.get("INFERENCECACHE_REQUIRE_NATIVE", "").strip().lower()
-        if flag not in ("", "0", "false", "no"):
-            raise
-        return None
-
-
-LW = _load()
+LW = accelerators.built("inferencecache.server._lookupwire")
 pytestmark = pytest.mark.skipif(LW is None, reason="C accelerator not built")
 
 
@@ -78,20 +65,7 @@ def test_parse_equals_python_parser_on_valid_messages(req: pb.LookupRouteRequest
 def test_bad_input_parse_equals_python_parser_on_mutated_bytes(
     req: pb.LookupRouteRequest, rnd: random.Random
 ) -> None:
-    buf = bytearray(req.SerializeToString())
-    for _ in range(rnd.randint(1, 4)):
-        op = rnd.choice(["flip", "truncate", "insert", "delete"])
-        if op == "flip" and buf:
-            buf[rnd.randrange(len(buf))] = rnd.randrange(256)
-        elif op == "truncate" and buf:
-            del buf[rnd.randrange(len(buf)) :]
-        elif op == "insert":
-            pos = rnd.randrange(len(buf) + 1)
-            buf[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 6)))
-        elif op == "delete" and buf:
-            pos = rnd.randrange(len(buf))
-            del buf[pos : pos + rnd.randint(1, 3)]
-    agree(bytes(buf))
+    agree(mutate(req.SerializeToString(), rnd))
 
 
 @given(st.binary(max_size=200))

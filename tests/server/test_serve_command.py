@@ -14,30 +14,27 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inferencecache.procs import Child, Children, run_cli
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 from tests.server.helpers import chain_entry, lookup_chain, tokens, update, wait_for
-from tests.server.proc import ServeProcess, port_of, run_cli
 
 LOCAL = ["--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"]
 
 
 @pytest.fixture
-def procs() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    try:
+def procs() -> Iterator[Children]:
+    with Children() as started:
         yield started
-    finally:
-        for p in started:
-            p.stop()
 
 
-def start(
-    procs: list[ServeProcess], args: list[str], env: dict[str, str] | None = None
-) -> ServeProcess:
-    p = ServeProcess(args, env)
-    procs.append(p)
-    return p
+def start(procs: Children, args: list[str], env: dict[str, str] | None = None) -> Child:
+    """``inferencecache serve`` with exactly these flags and settings (none inherited)."""
+    return procs.start("serve", *args, env=env, inherit=False)
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
 
 
 def one_error_line(stderr: str) -> str:
@@ -46,10 +43,10 @@ def one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_serve_sigterm_graceful_shutdown(procs: list[ServeProcess], tmp_path: Path) -> None:
+def test_serve_sigterm_graceful_shutdown(procs: Children, tmp_path: Path) -> None:
     """SIGTERM: health turns NOT_SERVING, an in-flight stream still gets its Ack, exit 0."""
     p = start(procs, [*LOCAL, "--shutdown-grace", "30s"])
-    rec = p.wait_serving()
+    rec = p.wait_log("serving")
     target = f"127.0.0.1:{port_of(rec['grpc_address'])}"
     http = f"http://127.0.0.1:{port_of(rec['http_address'])}"
     assert urllib.request.urlopen(http + "/healthz", timeout=10).read() == b"ok\n"
@@ -85,7 +82,7 @@ def test_serve_sigterm_graceful_shutdown(procs: list[ServeProcess], tmp_path: Pa
     p.wait_log(lambda r: r.get("msg") == "stopped")
 
 
-def test_serve_env_vars_configure_every_flag(procs: list[ServeProcess], tmp_path: Path) -> None:
+def test_serve_env_vars_configure_every_flag(procs: Children, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("tok\n")
     env = {
@@ -97,7 +94,7 @@ def test_serve_env_vars_configure_every_flag(procs: list[ServeProcess], tmp_path
         "INFERENCECACHE_LOG_LEVEL": "debug",
     }
     p = start(procs, [], env)
-    rec = p.wait_serving()
+    rec = p.wait_log("serving")
     assert rec["block_size"] == 32
     assert rec["admin_auth"] is True
     admin = f"http://127.0.0.1:{port_of(rec['admin_address'])}"
@@ -107,19 +104,19 @@ def test_serve_env_vars_configure_every_flag(procs: list[ServeProcess], tmp_path
     assert p.wait(30) == 0
 
 
-def test_serve_flag_wins_over_env(procs: list[ServeProcess]) -> None:
+def test_serve_flag_wins_over_env(procs: Children) -> None:
     p = start(procs, [*LOCAL, "--block-size", "64"], {"INFERENCECACHE_BLOCK_SIZE": "32"})
-    assert p.wait_serving()["block_size"] == 64
+    assert p.wait_log("serving")["block_size"] == 64
 
 
-def test_serve_policy_file_is_loaded(procs: list[ServeProcess], tmp_path: Path) -> None:
+def test_serve_policy_file_is_loaded(procs: Children, tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         "policies:\n  - tenant_id: t\n    minimum_matched_tokens: 0\n"
         "tenants:\n  - tenant_id: t\n    max_index_entries: 10\n"
     )
     p = start(procs, [*LOCAL, "--policy-file", str(policy)])
-    rec = p.wait_serving()
+    rec = p.wait_log("serving")
     assert (rec["policies"], rec["quotas"]) == (1, 1)
 
 
@@ -142,7 +139,7 @@ def test_bad_input_non_loopback_without_token_exits_2(args: list[str], needle: s
     assert needle in line and "--admin-token-file" in line
 
 
-def test_non_loopback_with_token_starts(procs: list[ServeProcess], tmp_path: Path) -> None:
+def test_non_loopback_with_token_starts(procs: Children, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("abc")
     p = start(
@@ -156,7 +153,7 @@ def test_non_loopback_with_token_starts(procs: list[ServeProcess], tmp_path: Pat
             str(token),
         ],
     )
-    rec = p.wait_serving()
+    rec = p.wait_log("serving")
     port = port_of(rec["http_address"])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
         assert r.status == 200

@@ -12,8 +12,7 @@ from inferencecache.index.model import LookupRequest
 from inferencecache.server import wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-INT32 = st.integers(-(2**31), 2**31 - 1)
-UINT32 = st.integers(0, 2**32 - 1)
+from .wirefuzz import mutate, requests
 
 
 class AboveU32:
@@ -74,35 +73,6 @@ def check(buf: bytes) -> None:
         assert norm(got) == want
 
 
-@st.composite
-def requests(draw: st.DrawFn) -> pb.LookupRouteRequest:
-    req = pb.LookupRouteRequest(
-        model_id=draw(st.text(max_size=20)),
-        tenant_id=draw(st.text(max_size=20)),
-        hash_scheme=draw(st.sampled_from(["", "vllm", "sglang", draw(st.text(max_size=5))])),
-        prefix_hash=draw(st.binary(max_size=16)),
-        prefix_token_count=draw(INT32),
-        prompt_text=draw(st.text(max_size=30)),
-        adapter_id=draw(st.text(max_size=10)),
-    )
-    hash_len = draw(st.sampled_from([8, 8, 8, None]))
-    n = draw(st.integers(0, 40))
-    if hash_len is None:
-        req.block_hashes.extend(draw(st.lists(st.binary(max_size=12), max_size=n)))
-    else:
-        req.block_hashes.extend(draw(st.lists(st.binary(min_size=8, max_size=8), max_size=n)))
-    counts = draw(st.sampled_from(["small", "any", "none"]))
-    if counts == "small":
-        req.block_token_counts.extend(draw(st.lists(st.integers(0, 127), max_size=n)))
-    elif counts == "any":
-        req.block_token_counts.extend(draw(st.lists(INT32, max_size=n)))
-    req.token_ids.extend(draw(st.lists(st.one_of(st.integers(0, 300_000), UINT32), max_size=80)))
-    if draw(st.booleans()):
-        req.slo.ttft_ms = draw(INT32)
-        req.slo.tbt_ms = draw(INT32)
-    return req
-
-
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(requests())
 def test_parser_equals_protobuf_on_valid_messages(req: pb.LookupRouteRequest) -> None:
@@ -115,20 +85,7 @@ def test_bad_input_parser_agrees_with_protobuf_on_mutated_bytes(
     req: pb.LookupRouteRequest, rnd: random.Random
 ) -> None:
     """Truncations, flipped bytes and inserted garbage: never an exception, same decision."""
-    buf = bytearray(req.SerializeToString())
-    for _ in range(rnd.randint(1, 4)):
-        op = rnd.choice(["flip", "truncate", "insert", "delete"])
-        if op == "flip" and buf:
-            buf[rnd.randrange(len(buf))] = rnd.randrange(256)
-        elif op == "truncate" and buf:
-            del buf[rnd.randrange(len(buf)) :]
-        elif op == "insert":
-            pos = rnd.randrange(len(buf) + 1)
-            buf[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 6)))
-        elif op == "delete" and buf:
-            pos = rnd.randrange(len(buf))
-            del buf[pos : pos + rnd.randint(1, 3)]
-    check(bytes(buf))
+    check(mutate(req.SerializeToString(), rnd))
 
 
 @given(st.binary(max_size=200))
@@ -216,3 +173,19 @@ def test_slo_messages_merge() -> None:
     check(buf)
     got = wire.parse_lookup_request(buf)
     assert isinstance(got, LookupRequest) and got.ttft_ms == 5
+
+
+def test_bad_input_varint_longer_than_ten_bytes_is_undecodable() -> None:
+    """CI found this: an 11-byte varint inside packed token_ids; protobuf rejects the message."""
+    buf = b"J\x0b\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x800"
+    assert reference(buf) is None
+    assert wire.parse_lookup_request(buf) is wire.UNDECODABLE
+    check(b"J\x0b" + b"\xff" * 9 + b"\x01\x05")  # 10 bytes: protobuf accepts, so must we
+
+
+def test_bad_input_varint_cut_at_a_packed_chunk_end_is_undecodable() -> None:
+    """Each packed chunk holds whole varints: joining chunks must not mend a cut one."""
+    buf = b"J\x01\x80J\x01\x01"
+    assert reference(buf) is None
+    assert wire.parse_lookup_request(buf) is wire.UNDECODABLE
+    check(b"J\x01\x05J\x01\x01")

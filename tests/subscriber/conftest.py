@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from inferencecache.subscriber.mapping import BlockMapper
 from inferencecache.subscriber.messages import Entry
 from inferencecache.subscriber.metrics import SubscriberMetrics
 from inferencecache.subscriber.tiers import tier_name
+from tests.subscriber.recorder import RecordingServer
 
 NAMES = {1: "sql-lora", 2: "chat-lora"}
 
@@ -98,3 +100,15 @@ class MapperKit:
 @pytest.fixture
 def kit() -> MapperKit:
     return MapperKit()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RecordingServer]:
+    async with RecordingServer() as srv:
+        yield srv
+
+
+@pytest.fixture(params=[True, False], ids=["batched", "per-block"])
+def batch(request: pytest.FixtureRequest) -> bool:
+    """``--batch-evictions``: both modes must keep every ordering rule."""
+    return bool(request.param)

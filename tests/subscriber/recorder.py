@@ -9,9 +9,31 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import descriptor_pb2, descriptor_pool
+from grpc_reflection.v1alpha import reflection
 
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
+
+SERVICE = "inferencecache.v1alpha1.InferenceCache"
+
+
+def contract_without_batches() -> descriptor_pool.DescriptorPool:
+    """The v1alpha1 contract as a server built before ``CacheEvent.prefix_hashes`` (field 8)
+    describes it through reflection."""
+    pool = descriptor_pool.DescriptorPool()
+    fd = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(fd)
+    for dep in pb.DESCRIPTOR.dependencies:
+        dep_fd = descriptor_pb2.FileDescriptorProto()
+        dep.CopyToProto(dep_fd)
+        pool.Add(dep_fd)
+    event = next(m for m in fd.message_type if m.name == "CacheEvent")
+    keep = [f for f in event.field if f.number != 8]
+    del event.field[:]
+    event.field.extend(keep)
+    pool.Add(fd)
+    return pool
 
 
 class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
@@ -106,14 +128,23 @@ class RecordingServicer(pb_grpc.InferenceCacheServicer):  # type: ignore[misc]
 class RecordingServer:
     """``async with RecordingServer() as srv`` → ``srv.address``, ``srv.servicer``."""
 
-    def __init__(self, port: int = 0, servicer: RecordingServicer | None = None) -> None:
+    def __init__(
+        self, port: int = 0, servicer: RecordingServicer | None = None, contract: str = "current"
+    ) -> None:
+        """``contract``: what server reflection tells a client: ``current`` (this build's
+        contract), ``old`` (before ``CacheEvent.prefix_hashes``) or ``none`` (no reflection)."""
         self.servicer = servicer if servicer is not None else RecordingServicer()
         self.port = port
+        self.contract = contract
         self.server: grpc.aio.Server | None = None
 
     async def start(self) -> RecordingServer:
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_InferenceCacheServicer_to_server(self.servicer, self.server)
+        if self.contract != "none":
+            pool = contract_without_batches() if self.contract == "old" else None
+            reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME), self.server,
+                                                pool=pool)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
         return self

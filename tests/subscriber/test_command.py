@@ -5,14 +5,14 @@ from __future__ import annotations
 import socket
 import urllib.request
 
-from tests.engines.procs import Proc, run_cli
+from inferencecache.procs import Child, run_cli
 
 BASE = ["subscribe", "--replica-id", "r0", "--model-id", "m", "--engine-metrics-url", "",
         "--engine-endpoint", "tcp://127.0.0.1:1", "--server", "127.0.0.1:1"]
 
 
 def test_starts_serves_health_and_stops_cleanly_on_sigterm() -> None:
-    with Proc(*BASE, "--metrics-address", "127.0.0.1:0") as sub:
+    with Child(*BASE, "--metrics-address", "127.0.0.1:0") as sub:
         start = sub.wait_log("kvevent-subscriber starting")
         for key in ("engine_endpoint", "server", "replica_id", "model_id", "engine_metrics_url",
                     "stats_interval", "cache_tier", "engine_model_name", "ignore_block_removed"):
@@ -29,6 +29,6 @@ def test_metrics_address_in_use_exits_1() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        r = run_cli(*BASE, "--metrics-address", f"127.0.0.1:{s.getsockname()[1]}")
+        r = run_cli([*BASE, "--metrics-address", f"127.0.0.1:{s.getsockname()[1]}"])
     assert r.returncode == 1
     assert "failed to start" in r.stderr

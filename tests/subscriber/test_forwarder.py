@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from inferencecache.procs import free_port
 from inferencecache.subscriber.client import CacheClient
 from inferencecache.subscriber.forwarder import Forwarder
 from inferencecache.subscriber.mapping import Block
@@ -62,18 +61,6 @@ class Rig:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
             await self.client.close()
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[RecordingServer]:
-    async with RecordingServer() as srv:
-        yield srv
-
-
-@pytest.fixture(params=[True, False], ids=["batched", "per-block"])
-def batch(request: pytest.FixtureRequest) -> bool:
-    """``--batch-evictions``: both modes must keep every ordering rule."""
-    return bool(request.param)
 
 
 async def test_s13_49_adds_within_the_window_go_out_as_one_update(
@@ -175,12 +162,6 @@ async def test_s13_55_closing_flushes_pending_adds(server: RecordingServer) -> N
     assert rig.value("prefixes_reported_total", tier="T1") == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_s13_53_failing_server_drops_with_warnings_and_returns_on_close(
     server: RecordingServer, batch: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -217,7 +198,7 @@ async def test_s13_53_each_rpc_has_a_deadline(server: RecordingServer) -> None:
 
 
 async def test_s13_54_unreachable_server_never_blocks_the_caller() -> None:
-    rig = Rig(f"127.0.0.1:{_free_port()}", window=0.01)
+    rig = Rig(f"127.0.0.1:{free_port()}", window=0.01)
     t0 = time.monotonic()
     for i in range(2000):
         rig.fwd.add_many([entry(i)], 1)  # synchronous, never awaits the network
@@ -285,7 +266,7 @@ async def test_full_send_queue_drops_adds_and_resyncs_later(server: RecordingSer
 
 async def test_s13_resync_when_the_server_restarts_while_quiet() -> None:
     """Trigger (2): the channel is lost and back with no RPC failing in between."""
-    port = _free_port()
+    port = free_port()
     first = await RecordingServer(port).start()
     rig = Rig(f"127.0.0.1:{port}", window=0.01)
     watcher = asyncio.create_task(watch_connectivity(rig.client.channel,

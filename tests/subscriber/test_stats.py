@@ -24,6 +24,7 @@ from inferencecache.subscriber.stats import (
     VllmProfile,
     make_profile,
 )
+from inferencecache.web import Listener
 from tests.subscriber.recorder import RecordingServer
 
 IDENT = Identity("replica-a", "model-x", "tenant-t", "vllm")
@@ -63,7 +64,7 @@ class Engine:
     def __init__(self) -> None:
         self.body = ""
         self.status = 200
-        self.runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
         self.url = ""
 
     async def _metrics(self, _r: web.Request) -> web.Response:
@@ -72,16 +73,13 @@ class Engine:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.listener = Listener(app)
+        port = await self.listener.start("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{port}/metrics"
 
     async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.listener is not None:
+            await self.listener.stop()
 
 
 class Kit:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from inferencecache.kvevents import decode_batch
 from inferencecache.kvevents.encode import WireEvent, WireRemoved, WireStored, encode_batch
@@ -63,17 +60,6 @@ class Wire:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
             await self.client.close()
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[RecordingServer]:
-    async with RecordingServer() as srv:
-        yield srv
-
-
-@pytest.fixture(params=[True, False], ids=["batched", "per-block"])
-def batch(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
 
 
 def store(hashes: list[Any], tokens: list[int], **kw: Any) -> WireStored:
@@ -172,3 +158,32 @@ def test_s13_40_encoded_update_is_protobufs_serialization() -> None:
         assert UpdateEncoder(IDENT).encode(entries, ts) == want
     data = UpdateEncoder(IDENT).encode(entries[:2], 0)
     assert data.count(b"\x28\x01") + data.count(b"\x28\x02") == 2  # tier written explicitly
+
+
+async def test_a_server_without_the_batch_field_gets_one_publish_per_hash() -> None:
+    """An older server (its reflected CacheEvent has no field 8) or one without reflection
+    would apply only ``prefix_hash`` of a batch: the subscriber sends one PublishEvent per hash
+    there, and batches again after reconnecting to a server that has the field."""
+    tokens = list(range(48))
+    for contract in ("old", "none"):
+        async with RecordingServer(contract=contract) as srv:
+            w = Wire(srv.address, batch=True)
+            try:
+                w.run(store([1, 2, 3], tokens), WireRemoved([1, 2, 3], "GPU"))
+                await srv.servicer.wait_for(lambda: len(evictions(srv)) == 3)
+                calls = srv.servicer.publish_calls()
+                assert len(calls) == 3 and not any(c.prefix_hashes for c in calls), contract
+                assert await w.client.supports_batched_evictions() is False
+                w.client.forget_capabilities()  # what a reconnect does
+                assert await w.client.supports_batched_evictions() is False
+            finally:
+                await w.close()
+    async with RecordingServer(contract="current") as srv:
+        w = Wire(srv.address, batch=True)
+        try:
+            assert await w.client.supports_batched_evictions() is True
+            w.run(store([1, 2, 3], tokens), WireRemoved([1, 2, 3], "GPU"))
+            await srv.servicer.wait_for(lambda: len(evictions(srv)) == 3)
+            assert len(srv.servicer.publish_calls()) == 1
+        finally:
+            await w.close()

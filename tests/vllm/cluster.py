@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from inferencecache.procs import Child, Children
 from inferencecache.tokenize.openai import (
     EngineTokenizer,
     completion_prompt_ids,
@@ -29,7 +30,6 @@ from inferencecache.tokenize.openai import (
 )
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
-from tests.engines.procs import Proc
 from tests.vllm.engine import BLOCK, MODEL_NAME, VllmAssets, VllmEngine, http_json
 
 INDEX_WAIT_S = 20.0  # engine step -> ZeroMQ -> subscriber (100 ms window) -> gRPC -> index
@@ -53,9 +53,9 @@ class Cluster:
     workdir: Path
     tokdir: Path
     tokenizer: EngineTokenizer
-    procs: list[Proc] = field(default_factory=list)
+    children: Children = field(default_factory=Children)
     engines: dict[str, VllmEngine] = field(default_factory=dict)
-    subscribers: dict[str, Proc] = field(default_factory=dict)
+    subscribers: dict[str, Child] = field(default_factory=dict)
     sub_metrics: dict[str, str] = field(default_factory=dict)  # replica -> host:port
     grpc_address: str = ""
     http_address: str = ""
@@ -68,10 +68,8 @@ class Cluster:
 
     # --- processes -----------------------------------------------------------------------
 
-    def spawn(self, *args: str) -> Proc:
-        p = Proc(*args)
-        self.procs.append(p)
-        return p
+    def spawn(self, *args: str) -> Child:
+        return self.children.start(*args)
 
     def start_server(self) -> None:
         rec = self.spawn(
@@ -94,7 +92,7 @@ class Cluster:
         self.start_subscriber(engine.name, engine, *subscriber_args)
         self.prime(engine.name)
 
-    def start_subscriber(self, replica: str, engine: VllmEngine, *args: str) -> Proc:
+    def start_subscriber(self, replica: str, engine: VllmEngine, *args: str) -> Child:
         """``inferencecache subscribe`` for ``engine`` under replica id ``replica``."""
         sub = self.spawn(
             "subscribe", "--replica-id", replica, "--model-id", MODEL_NAME,
@@ -120,7 +118,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"{name}: no KV event reached the index within {timeout:.0f}s; subscriber "
-                    "log:\n" + "\n".join(self.subscribers[name].lines[-20:]))
+                    "log:\n" + "\n".join(self.subscribers[name].tail(20)))
 
     def start_gateway(self) -> str:
         if not self.gateway_address:
@@ -143,8 +141,7 @@ class Cluster:
                 errors.append(f"{engine.name}: {e}")
         if self.channel is not None:
             self.channel.close()
-        for p in reversed(self.procs):
-            p.stop()
+        self.children.stop_all()
         assert not errors, errors
 
     # --- prompts and requests ------------------------------------------------------------

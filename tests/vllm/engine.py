@@ -14,7 +14,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from inferencecache.procs import free_port
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -88,13 +89,6 @@ def _tail(text: str | bytes | None, lines: int = 40) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
     return "\n".join((text or "").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    """A TCP port the OS reports free on 127.0.0.1 (vLLM cannot be told to bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(

@@ -73,16 +73,7 @@ async def _main(s: FakeEngineSettings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     ctx = zmq.asyncio.Context()
-    publisher = EventPublisher(
-        ctx,
-        endpoint=s.bind,
-        topic=s.topic,
-        fmt=s.wire_format,
-        replay_endpoint=s.replay_endpoint,
-        buffer_steps=s.buffer_steps,
-        rank=s.data_parallel_rank,
-        see_subscribers=s.wait_for_subscriber,
-    )
+    publisher = EventPublisher.from_settings(ctx, s, see_subscribers=s.wait_for_subscriber)
     metrics = EngineMetrics(s.model_name)
     page = MetricsPage(metrics)
     try:

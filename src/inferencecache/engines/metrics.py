@@ -8,13 +8,10 @@ real one.
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from inferencecache.metrics import metrics_response
+from inferencecache.web import Listener
 
 
 class EngineMetrics:
@@ -45,46 +42,22 @@ class EngineMetrics:
             "vllm:external_prefix_cache_queries", "External prefix-cache queried tokens."
         )
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
 
-
-class MetricsPage:
+class MetricsPage(Listener):
     """``/metrics`` (and vLLM's ``/health``) on one aiohttp listener."""
 
     def __init__(self, metrics: EngineMetrics) -> None:
         self.metrics = metrics
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        super().__init__(web.Application())
+        self.routes(self.app)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return metrics_response(self.metrics.registry)
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="")
 
     def routes(self, app: web.Application) -> None:
-        """Add the routes to an existing app (the simulated engine serves more)."""
+        """Add the routes to an app (the simulated engine serves more on its own)."""
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
-
-    async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port``; returns the bound port (port 0 = any free port)."""
-        app = web.Application()
-        self.routes(app)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host or None, port, reuse_address=True)
-        await site.start()
-        self._runner = runner
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
-        return self.port
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

@@ -48,6 +48,7 @@ from inferencecache.tokenize.openai import (
     completion_prompt_ids,
     load_engine_tokenizers,
 )
+from inferencecache.web import Listener
 
 log = logging.getLogger("inferencecache.engines")
 
@@ -313,18 +314,6 @@ def _text(n: int) -> str:
     return " x" * n
 
 
-def engine_params(s: FakeEngineSettings) -> EngineParams:
-    """The model parameters the fake-engine flags describe."""
-    return EngineParams(
-        block_size=s.block_size,
-        num_blocks=s.gpu_blocks,
-        max_num_seqs=s.max_num_seqs,
-        prefill_ms_per_token=s.prefill_ms_per_token,
-        decode_ms_per_token=s.decode_ms_per_token,
-        prefill_base_ms=s.prefill_base_ms,
-    )
-
-
 async def serve(s: FakeEngineSettings) -> int:
     """Run the simulated engine until SIGINT/SIGTERM; 1 when a listener cannot be bound."""
     stop = asyncio.Event()
@@ -339,18 +328,10 @@ async def serve(s: FakeEngineSettings) -> int:
             log.error("cannot load --tokenizer-dir", extra={"err": str(e)})
             return 1
     ctx = zmq.asyncio.Context()
-    publisher = EventPublisher(
-        ctx,
-        endpoint=s.bind,
-        topic=s.topic,
-        fmt=s.wire_format,
-        replay_endpoint=s.replay_endpoint,
-        buffer_steps=s.buffer_steps,
-        rank=s.data_parallel_rank,
-    )
+    publisher = EventPublisher.from_settings(ctx, s)
     metrics = EngineMetrics(s.model_name)
     engine = SimulatedEngine(
-        engine_params(s),
+        EngineParams.from_flags(s),
         publisher,
         metrics,
         model_name=s.model_name,
@@ -360,20 +341,15 @@ async def serve(s: FakeEngineSettings) -> int:
     app = web.Application(client_max_size=MAX_BODY)
     MetricsPage(metrics).routes(app)
     engine.routes(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    listener = Listener(app)
     http = ""
     try:
         publisher.start()
-        await runner.setup()
         addr = parse_host_port(s.http_address or "127.0.0.1:8000")
-        site = web.TCPSite(runner, addr.host or None, addr.port, reuse_address=True)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else addr.port
+        port = await listener.start(addr.host, addr.port)
         http = f"{addr.host}:{port}"
     except (zmq.ZMQError, OSError) as e:
         log.error("simulated engine failed to start", extra={"err": str(e)})
-        await runner.cleanup()
         await publisher.close()
         ctx.destroy(linger=0)
         return 1
@@ -396,7 +372,7 @@ async def serve(s: FakeEngineSettings) -> int:
     )
     await stop.wait()
     with contextlib.suppress(Exception):
-        await runner.cleanup()
+        await listener.stop()
     await publisher.close()
     ctx.destroy(linger=0)
     log.info(

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import zmq
 import zmq.asyncio
@@ -38,6 +38,9 @@ from inferencecache.kvevents.framing import (
     replay_data,
     replay_end,
 )
+
+if TYPE_CHECKING:
+    from inferencecache.engines.settings import FakeEngineSettings
 
 log = logging.getLogger("inferencecache.engines")
 
@@ -84,6 +87,22 @@ class EventPublisher:
         self.events_published = 0
 
     # ---- lifecycle --------------------------------------------------------------------------
+
+    @classmethod
+    def from_settings(
+        cls, ctx: zmq.asyncio.Context, s: FakeEngineSettings, *, see_subscribers: bool = False
+    ) -> EventPublisher:
+        """The publisher the ``fake-engine`` flags describe (every workload)."""
+        return cls(
+            ctx,
+            endpoint=s.bind,
+            topic=s.topic,
+            fmt=s.wire_format,
+            replay_endpoint=s.replay_endpoint,
+            buffer_steps=s.buffer_steps,
+            rank=s.data_parallel_rank,
+            see_subscribers=see_subscribers,
+        )
 
     def start(self) -> None:
         """Bind the PUB (and the replay ROUTER); resolves ``:*`` / ``:0`` ports."""

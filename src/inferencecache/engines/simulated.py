@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import xxhash
 
@@ -128,6 +128,23 @@ class SimCache(BlockCache):
         return result
 
 
+class EngineFlags(Protocol):
+    """The engine-shape flags ``fake-engine``, ``simulate`` and ``demo`` share by name."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def gpu_blocks(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def prefill_ms_per_token(self) -> float: ...
+    @property
+    def decode_ms_per_token(self) -> float: ...
+    @property
+    def prefill_base_ms(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EngineParams:
     """Shape of one simulated replica (the ``fake-engine --workload simulated`` flags)."""
@@ -149,6 +166,18 @@ class EngineParams:
         for name in ("prefill_ms_per_token", "decode_ms_per_token", "prefill_base_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+
+    @classmethod
+    def from_flags(cls, f: EngineFlags) -> EngineParams:
+        """The model parameters a command's engine flags describe (ValueError when invalid)."""
+        return cls(
+            block_size=f.block_size,
+            num_blocks=f.gpu_blocks,
+            max_num_seqs=f.max_num_seqs,
+            prefill_ms_per_token=f.prefill_ms_per_token,
+            decode_ms_per_token=f.decode_ms_per_token,
+            prefill_base_ms=f.prefill_base_ms,
+        )
 
 
 @dataclass(slots=True)

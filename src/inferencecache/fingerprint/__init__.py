@@ -13,8 +13,9 @@ says which one is active.
 
 from __future__ import annotations
 
-import os
 from typing import Literal
+
+from inferencecache import accelerators
 
 SEED = 1337
 """The frozen XXH3-64 seed of the fingerprint."""
@@ -26,23 +27,8 @@ MAX_U32 = 0xFFFFFFFF
 """Largest token id."""
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-_native_error: ImportError | None = None
-try:
-    from . import _native as _native_module  # noqa: F401  (imported to learn whether it exists)
-except ImportError as exc:  # not built on this machine
-    _native_error = exc
-    if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-        raise ImportError(
-            "inferencecache.fingerprint._native is not built and INFERENCECACHE_REQUIRE_NATIVE=1; "
-            "rebuild with `pip install -e .` (needs a C compiler and Python headers)"
-        ) from exc
-
 IMPLEMENTATION: Literal["native", "python"]
-if _native_error is None and not _env_flag("INFERENCECACHE_PURE_PYTHON"):
+if accelerators.load("inferencecache.fingerprint._native") is not None:
     from ._native import (
         chain,
         chain_from_varints,

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_varint.h"
 #include "xxh3.h"
 
 #define FP_SEED UINT64_C(1337)
@@ -585,8 +586,8 @@ static int varints_decode_all(const Py_buffer *view, uint8_t *stack, size_t stac
 PyDoc_STRVAR(varint_count_doc,
              "varint_count($module, buf, /)\n--\n\n"
              "Number of token ids in a packed repeated uint32 payload (its varints), cheaply, so a\n"
-             "request can be bounded before decoding. ValueError if the last varint is truncated;\n"
-             "values are checked by the decoders.");
+             "request can be bounded before decoding. ValueError if the last varint is truncated or\n"
+             "one is longer than 10 bytes (protobuf rejects both); values are checked by the decoders.");
 
 static PyObject *py_varint_count(PyObject *self, PyObject *arg) {
     (void)self;
@@ -596,9 +597,14 @@ static PyObject *py_varint_count(PyObject *self, PyObject *arg) {
     Py_ssize_t len = view.len;
     Py_ssize_t n = varint_terminators(buf, len);
     int truncated = len > 0 && buf[len - 1] >= 0x80;
+    Py_ssize_t overlong = truncated ? -1 : ic_varint_overlong(buf, len);
     PyBuffer_Release(&view);
     if (truncated) {
         PyErr_Format(PyExc_ValueError, "truncated varint at the end of a %zd-byte payload", len);
+        return NULL;
+    }
+    if (overlong >= 0) {
+        PyErr_Format(PyExc_ValueError, "varint at byte offset %zd is longer than 10 bytes", overlong);
         return NULL;
     }
     return PyLong_FromSsize_t(n);

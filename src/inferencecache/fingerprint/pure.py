@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, SupportsIndex
 import xxhash
 from google.protobuf import descriptor_pb2
 
+from inferencecache import varint
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import TypeAlias
@@ -199,10 +201,14 @@ _TERMINATORS = bytes(range(0x80))  # bytes that end a varint
 
 
 def varint_count(buf: Buffer, /) -> int:
-    """Number of varints in a packed repeated uint32 payload; ValueError if the last is cut."""
+    """Number of varints in a packed repeated uint32 payload; ValueError if the last is cut
+    or one is longer than 10 bytes (protobuf rejects both)."""
     data = _bytes(buf)
     if data and data[-1] >= 0x80:
         raise ValueError(f"truncated varint at the end of a {len(data)}-byte payload")
+    overlong = data.translate(_CONTINUATION).find(b"1" * 10) if len(data) > 10 else -1
+    if overlong >= 0:
+        raise ValueError(f"varint at byte offset {overlong} is longer than 10 bytes")
     return len(data) - len(data.translate(None, _TERMINATORS))
 
 
@@ -220,17 +226,8 @@ def _varint_values(buf: Buffer) -> list[int]:
         raise ValueError(f"truncated varint at the end of a {len(data)}-byte payload")
     if b"1111" in data.translate(_CONTINUATION):
         return _varint_values_exact(data)
-    length = _encode_varint(len(data))
+    length = varint.encode(len(data))
     return list(_PACKED_INT32.FromString(b"\x0a" + length + data).path)
-
-
-def _encode_varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def _varint_values_exact(data: bytes) -> list[int]:

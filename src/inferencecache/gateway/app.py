@@ -23,8 +23,6 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 from aiohttp import web
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from inferencecache import fingerprint
 from inferencecache.gateway.engines import EnginePool
@@ -33,9 +31,9 @@ from inferencecache.gateway.hints import HintClient
 from inferencecache.gateway.metrics import GatewayMetrics
 from inferencecache.gateway.oracle import query_oracle
 from inferencecache.gateway.settings import GatewaySettings
+from inferencecache.metrics import metrics_response
 from inferencecache.routing import reasons
 from inferencecache.routing.model import Decision, Hint, RouteInput, RoutingPolicy
-from inferencecache.routing.registry import make_policy
 from inferencecache.tokenize.openai import (
     EngineTokenizer,
     PromptError,
@@ -43,6 +41,7 @@ from inferencecache.tokenize.openai import (
     chat_prompt_ids,
     completion_prompt_ids,
 )
+from inferencecache.web import read_limited
 
 log = logging.getLogger("inferencecache.gateway")
 
@@ -117,20 +116,10 @@ class _Request:
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:
     """The body, or 413 when larger than ``limit`` bytes (checked before and while reading)."""
-    too_big = ApiError(413, f"request body is larger than {limit} bytes", "request_too_large")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = await read_limited(request, limit)
+    if body is None:
+        raise ApiError(413, f"request body is larger than {limit} bytes", "request_too_large")
+    return body
 
 
 def fingerprint_request(
@@ -166,7 +155,7 @@ class Gateway:
         self.settings = settings
         self.tokenizers = dict(tokenizers or {})
         self.metrics = metrics or GatewayMetrics()
-        self.policy = policy or make_policy(settings.routing_policy, **settings.policy_params)
+        self.policy = policy or settings.build_policy()
         self.port = 0
         self._session: aiohttp.ClientSession | None = None
         self._pool: EnginePool | None = None
@@ -256,10 +245,7 @@ class Gateway:
     async def _metrics_page(self, request: web.Request) -> web.StreamResponse:
         if (err := self._method(request, "GET")) is not None:
             return err.response({"Allow": "GET"})
-        return web.Response(
-            body=generate_latest(self.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
+        return metrics_response(self.metrics.registry)
 
     def _engine_states(self) -> dict[str, dict[str, Any]]:
         return {

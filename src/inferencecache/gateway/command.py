@@ -82,6 +82,7 @@ async def _run(
                 "http_address": f"{f'[{host}]' if ':' in host else host}:{gw.port}",
                 "server": str(settings.server),
                 "routing_policy": gw.policy.name,
+                "routing_params": settings.effective_policy_params,
                 "engines": {rid: e.base_url for rid, e in gw.pool.engines.items()},
                 "healthy": gw.pool.healthy_ids(),
                 "block_size": settings.block_size,

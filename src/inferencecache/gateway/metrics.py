@@ -7,9 +7,11 @@ status code. Children are bound lazily and cached (``labels()`` costs microsecon
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from inferencecache.metrics import LazyChildren
 
 HINT_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -29,22 +31,6 @@ FALLBACK_CAUSES: Final = (
     "unrecognized",  # a reason code this version does not know
     "oracle_unavailable",  # the oracle policy could not read any engine
 )
-
-
-class LazyChildren:
-    """Label children of one metric, bound on first use and cached."""
-
-    __slots__ = ("_children", "_metric")
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *labels: str) -> Any:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        return child
 
 
 class GatewayMetrics:

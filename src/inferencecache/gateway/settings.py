@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import click
 
 from inferencecache.config import DURATION, GO_BOOL, HOST_PORT, HostPort, setting
-from inferencecache.routing.registry import POLICY_NAMES, make_policy, parse_params
+from inferencecache.routing.model import RoutingPolicy
+from inferencecache.routing.registry import POLICY_NAMES, guard_params, make_policy, parse_params
 
 DEFAULT_HTTP_ADDRESS: Final = HostPort("127.0.0.1", 8090)
 DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
@@ -100,7 +101,9 @@ class GatewaySettings:
     )
     routing_params: str = setting(
         "",
-        help='Policy parameters, e.g. "capacity_blocks=4096" for approximate.',
+        help='Policy parameters, e.g. "capacity_blocks=4096" for approximate. They override the '
+        "load guard the prefix-aware policies run with by default (docs/gateway.md; "
+        '"balance_abs_threshold=0" turns it off).',
         metavar="K=V,...",
     )
     tenant_header: str = setting("X-Tenant-Id", help="Request header naming the tenant.")
@@ -161,8 +164,7 @@ class GatewaySettings:
         except ValueError as e:
             raise ValueError(f"--adapters: {e}") from None
         try:
-            params = parse_params(self.routing_params, self.routing_policy)
-            make_policy(self.routing_policy, **params)
+            self.build_policy()
         except ValueError as e:
             raise ValueError(f"--routing-params: {e}") from None
         if self.block_size < 1:
@@ -197,7 +199,18 @@ class GatewaySettings:
 
     @property
     def policy_params(self) -> dict[str, Any]:
+        """The parameters ``--routing-params`` names (only those)."""
         return parse_params(self.routing_params, self.routing_policy)
+
+    @property
+    def effective_policy_params(self) -> dict[str, Any]:
+        """What the policy is built with: the deployed load guard (``guard_params``: on for
+        ``cache_aware``, ``oracle`` and ``approximate``), overridden by ``--routing-params``."""
+        return {**guard_params(self.routing_policy), **self.policy_params}
+
+    def build_policy(self) -> RoutingPolicy:
+        """A fresh policy as configured (ValueError for bad parameters)."""
+        return make_policy(self.routing_policy, **self.effective_policy_params)
 
     @property
     def python_log_level(self) -> str:

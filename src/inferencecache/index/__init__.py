@@ -7,7 +7,7 @@
 
 from inferencecache.index.backends import STORE_BACKENDS, default_store_factory
 from inferencecache.index.clock import Clock, FakeClock, SystemClock
-from inferencecache.index.facade import Index
+from inferencecache.index.facade import HoldView, Index, StatsView
 from inferencecache.index.metrics import IndexMetrics, NullMetrics, RecordingMetrics
 from inferencecache.index.model import (
     MAX_TOKENS,
@@ -60,6 +60,7 @@ __all__ = [
     "EventLike",
     "EventType",
     "FakeClock",
+    "HoldView",
     "Index",
     "IndexConfig",
     "IndexMetrics",
@@ -84,6 +85,7 @@ __all__ = [
     "Router",
     "Stats",
     "StatsLike",
+    "StatsView",
     "Strategy",
     "SystemClock",
     "TenantPolicy",

@@ -8,10 +8,9 @@ turns a missing compiled build into an import error (project convention).
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
 
+from inferencecache import accelerators
 from inferencecache.index.memstore import MemStore
 from inferencecache.index.store import PartitionStore
 
@@ -19,31 +18,13 @@ StoreFactory = Callable[[], PartitionStore]
 
 STORE_BACKENDS: dict[str, StoreFactory] = {"memstore": MemStore}
 
-_NATIVE_MODULE = "inferencecache.index.nativestore"
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
 
 def _load_native() -> None:
-    if _env_flag("INFERENCECACHE_PURE_PYTHON"):
-        return  # forced twins: the compiled store is neither used nor required
-    try:
-        mod = importlib.import_module(_NATIVE_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name == _NATIVE_MODULE:
-            return  # the backend is not part of this source tree (yet)
-        if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-            raise
-        return
-    except ImportError:
-        if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-            raise
-        return
-    factory = getattr(mod, "NativeStore", None)
-    if factory is not None:
-        STORE_BACKENDS["nativestore"] = factory
+    if accelerators.load("inferencecache.index._blockmap") is None:
+        return  # not built, or the twins are forced
+    from inferencecache.index.nativestore import NativeStore
+
+    STORE_BACKENDS["nativestore"] = NativeStore
 
 
 _load_native()
@@ -51,6 +32,6 @@ _load_native()
 
 def default_store_factory() -> StoreFactory:
     """The compiled store when built (and not disabled), else the pure-Python twin."""
-    if not _env_flag("INFERENCECACHE_PURE_PYTHON") and "nativestore" in STORE_BACKENDS:
+    if not accelerators.pure_python_forced() and "nativestore" in STORE_BACKENDS:
         return STORE_BACKENDS["nativestore"]
     return STORE_BACKENDS["memstore"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from inferencecache.index import eviction, ingest
 from inferencecache.index.backends import default_store_factory
@@ -19,6 +20,30 @@ from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTabl
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState
 from inferencecache.index.store import PartitionStore
+
+
+class HoldView(NamedTuple):
+    """One hold as ``Index.holds`` reports it (times in µs)."""
+
+    partition: tuple[str, str, str, str]  # tenant, model, hash scheme, adapter
+    key: bytes
+    replica_id: str
+    tokens: int
+    last_seen_us: int
+    tier: int
+    access: int
+
+
+class StatsView(NamedTuple):
+    """One replica stats row as ``Index.stats_rows`` reports it (times in µs)."""
+
+    tenant_model: tuple[str, str]
+    replica_id: str
+    cache_memory_bytes: int
+    hit_rate: float
+    pressure: float
+    last_seen_us: int
+    stats_reported_us: int
 
 
 class Index:
@@ -133,6 +158,26 @@ class Index:
                 "partitions": len(st.parts),
                 "replicas": len(st.replicas),
             }
+
+    def holds(self) -> list[HoldView]:
+        """Every hold, probe tenant included (inspection: tests, debugging; O(holds))."""
+        st = self._state
+        with self._lock:
+            return [
+                HoldView(part.key, h.key, st.replicas.name(h.replica), h.tokens, h.last_seen,
+                         h.tier, h.access)
+                for part in st.parts.values() for h in part.store.holds()
+            ]  # fmt: skip
+
+    def stats_rows(self) -> list[StatsView]:
+        """Every replica stats row (inspection: tests, debugging)."""
+        st = self._state
+        with self._lock:
+            return [
+                StatsView(tm, st.replicas.name(rid), row.cache_memory_bytes, row.hit_rate,
+                          row.pressure, row.last_seen, row.stats_reported)
+                for tm, rows in st.stats.items() for rid, row in rows.items()
+            ]  # fmt: skip
 
     def verify(self) -> list[str]:
         """Recount every view from the holds (tests; O(holds))."""

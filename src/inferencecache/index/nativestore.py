@@ -11,19 +11,14 @@ Importing this module raises ``ImportError`` when the extension was not built or
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
+from inferencecache import accelerators
 
-def _env_flag(name: str) -> bool:
-    # Same reading of a boolean variable as index/backends.py.
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-if _env_flag("INFERENCECACHE_PURE_PYTHON"):
+if accelerators.pure_python_forced():
     raise ImportError("inferencecache.index.nativestore is disabled by INFERENCECACHE_PURE_PYTHON")
 
-from inferencecache.index._blockmap import BlockMap  # noqa: E402  (ImportError when not built)
+from inferencecache.index._blockmap import BlockMap
 
 NativeStore = BlockMap
 """Factory of the compiled store: ``NativeStore()`` is an empty partition."""

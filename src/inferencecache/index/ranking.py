@@ -9,13 +9,12 @@ the reference's. Factors equal to 1 skip their multiplication (exact either way)
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Protocol, TypeVar
 
+from inferencecache import accelerators
 from inferencecache.index.ingest import f32, report_tier
 from inferencecache.index.model import Reason, ReplicaScore
 from inferencecache.index.settings import IndexSettings
@@ -284,24 +283,6 @@ def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
     return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _compiled() -> ModuleType | None:
-    """The compiled ``_rank`` module, or None (not built, or ``INFERENCECACHE_PURE_PYTHON``);
-    a missing build is an ImportError under ``INFERENCECACHE_REQUIRE_NATIVE``."""
-    if _env_flag("INFERENCECACHE_PURE_PYTHON"):
-        return None
-    try:
-        from inferencecache.index import _rank
-    except ImportError:
-        if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-            raise
-        return None
-    return _rank
-
-
 class RankerLike(Protocol):
     """What ``PyRanker`` and the compiled ``_rank.Ranker`` share; the compiled ``rank`` may
     return None (run the twin)."""
@@ -324,7 +305,7 @@ class RankerLike(Protocol):
     ) -> tuple[int, list[ReplicaScore], list[tuple[int, int]] | None] | None: ...
 
 
-_COMPILED = _compiled()
+_COMPILED = accelerators.load("inferencecache.index._rank")
 CompiledRanker: type[RankerLike] | None = _COMPILED.Ranker if _COMPILED is not None else None
 """The compiled ranker class when built and enabled, else None."""
 RANKER_IMPLEMENTATION = "native" if _COMPILED is not None else "python"

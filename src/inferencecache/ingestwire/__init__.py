@@ -27,29 +27,13 @@ pure-Python twin ``pure`` (``INFERENCECACHE_PURE_PYTHON=1`` forces it; with
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
+from inferencecache import accelerators, varint
 from inferencecache.ingestwire.pure import GenericItem, LegacyItem, Parsed
 
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-_native_error: ImportError | None = None
-try:
-    from . import _native as _native_module  # noqa: F401  (imported to learn whether it exists)
-except ImportError as exc:  # not built on this machine
-    _native_error = exc
-    if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-        raise ImportError(
-            "inferencecache.ingestwire._native is not built and INFERENCECACHE_REQUIRE_NATIVE=1; "
-            "rebuild with `pip install -e .` (needs a C compiler and Python headers)"
-        ) from exc
-
 IMPLEMENTATION: Literal["native", "python"]
-if _native_error is None and not _env_flag("INFERENCECACHE_PURE_PYTHON"):
+if accelerators.load("inferencecache.ingestwire._native") is not None:
     from ._native import encode_entries, parse_update
 
     IMPLEMENTATION = "native"
@@ -59,19 +43,9 @@ else:
     IMPLEMENTATION = "python"
 
 
-def _varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _text_field(tag: int, s: str) -> bytes:
     raw = s.encode()
-    return bytes((tag,)) + _varint(len(raw)) + raw if raw else b""
+    return bytes((tag,)) + varint.encode(len(raw)) + raw if raw else b""
 
 
 def encode_header(
@@ -80,7 +54,7 @@ def encode_header(
     """Fields 1-5 of a ``CacheStateUpdate`` (proto3: defaults omitted), as protobuf writes
     them; ``header + encode_entries(...)`` is the whole message (no stats, no update-level
     adapter)."""
-    ts = b"\x28" + _varint(timestamp_us) if timestamp_us else b""
+    ts = b"\x28" + varint.encode(timestamp_us) if timestamp_us else b""
     return (
         _text_field(0x0A, replica_id)
         + _text_field(0x12, model_id)

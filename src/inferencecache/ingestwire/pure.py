@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from inferencecache.varint import put as _put_varint
+
 # (hashes: 8-byte prefix hashes concatenated, token counts, wire tier, entry adapter_id)
 LegacyItem = tuple[bytes, list[int], int, str]
 # (prefix_hash, token_count, block_hashes, block_token_counts, wire tier, adapter_id)
@@ -216,14 +218,6 @@ def parse_update(buf: bytes, /) -> Parsed | None:
         return _parse(bytes(buf))
     except _Decline:
         return None
-
-
-def _put_varint(out: bytearray, v: int) -> None:
-    v &= _U64
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
 
 
 def encode_entries(entries: Sequence[tuple[bytes, int, str, int]], /) -> bytes:

@@ -12,13 +12,13 @@ None`` accept.
 
 from __future__ import annotations
 
-import os
 import sys
 from array import array
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from inferencecache import accelerators
 from inferencecache.fingerprint import split_packed
 
 
@@ -83,27 +83,15 @@ def hash_keys_py(raw: bytes, /) -> list[bytes] | None:
     return split_packed(arr.tobytes())
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 IMPLEMENTATION: Literal["native", "python"]
-try:
-    from inferencecache.kvevents import _native
-
-    _native.set_token_type(TokenIds)
+_native = accelerators.built("inferencecache.kvevents._native")
+if _native is not None:
+    _native.set_token_type(TokenIds)  # the build exists: tell it the type it returns
+if _native is not None and not accelerators.pure_python_forced():
     from inferencecache.kvevents._native import hash_keys, token_array
-except ImportError as exc:  # not built on this machine
-    if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-        raise ImportError(
-            "inferencecache.kvevents._native is not built and INFERENCECACHE_REQUIRE_NATIVE=1; "
-            "rebuild with `pip install -e .` (needs a C compiler and Python headers)"
-        ) from exc
-    token_array, hash_keys = token_array_py, hash_keys_py
-    IMPLEMENTATION = "python"
-else:
+
     IMPLEMENTATION = "native"
-if _env_flag("INFERENCECACHE_PURE_PYTHON"):
+else:
     token_array, hash_keys = token_array_py, hash_keys_py
     IMPLEMENTATION = "python"
 

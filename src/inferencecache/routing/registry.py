@@ -22,6 +22,33 @@ POLICIES: Final[dict[str, Callable[..., RoutingPolicy]]] = {
 POLICY_NAMES: Final = tuple(POLICIES)
 """In the order the demo runs them: baselines, history-only, hint plane, upper bound."""
 
+MIN_MATCH_FRACTION: Final = 0.3
+"""A prefix match covering less of the prompt than this is not worth a queue (SGLang's
+``cache_threshold``)."""
+GUARD_SEQ_SLOTS: Final = 16
+"""Sequence slots per engine the deployed load guard assumes (the demo's engines)."""
+
+
+def guard_params(name: str, max_num_seqs: int = GUARD_SEQ_SLOTS) -> dict[str, Any]:
+    """The load guard a deployment runs policy ``name`` with (the classes keep it off).
+
+    Without it, longest-prefix routing piles traffic onto the one replica holding a popular
+    prefix. The three prefix-aware policies leave a replica whose in-flight count exceeds the
+    least loaded one's by more than a quarter of its ``max_num_seqs`` sequence slots (and by
+    ``balance_rel_threshold``, 1.5x), as SGLang's cache-aware router does; ``approximate`` and
+    ``cache_aware`` also ignore a match covering less than ``MIN_MATCH_FRACTION`` of the prompt.
+    ``oracle`` keeps pure longest-prefix plus the guard; the baselines take nothing. The demo,
+    the simulator and the gateway's defaults all come from here.
+    """
+    guard = {"balance_abs_threshold": max(1, max_num_seqs // 4)}
+    if name == "approximate":
+        return {"match_threshold": MIN_MATCH_FRACTION, **guard}
+    if name == "cache_aware":
+        return {"min_match_fraction": MIN_MATCH_FRACTION, **guard}
+    if name == "oracle":
+        return guard
+    return {}
+
 
 def make_policy(name: str, **params: Any) -> RoutingPolicy:
     """A fresh policy; ``ValueError`` (one line) for an unknown name, parameter or value."""

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "_slots.h"
+#include "_varint.h"
 
 #define FIELDS_REQ 14 /* LookupRequest */
 #define FIELDS_RES 5  /* LookupResult */
@@ -224,11 +225,11 @@ static PyObject *wire_parse(PyObject *Py_UNUSED(module), PyObject *arg) {
     }
     int32_t ttft = 0;
     if (rc == 0 && slo.n > 0) rc = slo_ttft(&slo, &ttft);
-    if (rc == 0 && tokens.n > 0) { /* varint_count: the payload must not end in a varint */
-        Py_ssize_t i = tokens.n - 1;
-        while (i > 0 && tokens.v[i].n == 0) i--;
-        const Span *last = &tokens.v[i];
-        if (last->n > 0 && last->p[last->n - 1] >= 0x80) rc = 1;
+    /* varint_count per packed chunk: a varint cut at a chunk's end or longer than 10 bytes
+     * makes protobuf reject the message, so the Python parser decides */
+    for (Py_ssize_t i = 0; rc == 0 && i < tokens.n; i++) {
+        const Span *s = &tokens.v[i];
+        if (s->n > 0 && (s->p[s->n - 1] >= 0x80 || ic_varint_overlong(s->p, s->n) >= 0)) rc = 1;
     }
     if (rc != 0) goto done;
     {

@@ -1,9 +1,9 @@
 """One running server: gRPC (sync grpcio, thread pool), HTTP (aiohttp thread), TTL sweeper.
 
-Why the sync server: on this 2-core machine a unary round trip costs ~280 µs with grpcio's sync
-server against ~375 µs with ``grpc.aio`` (docs/architecture.md), and the LookupRoute targets sit
-near that floor. The index is thread-safe (its own lock), so gRPC workers, the HTTP thread and the
-sweeper call it directly.
+Why the sync server: at concurrency 1 it measured lower latency than ``grpc.aio`` on this 2-core
+machine, and the LookupRoute targets sit near the transport floor (a trivial unary round trip is
+~400 µs p50 here with h2load; docs/architecture.md). The index is thread-safe (its own lock),
+so gRPC workers, the HTTP thread and the sweeper call it directly.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
+from inferencecache.metrics import LazyChildren
 from inferencecache.server.auth import BearerAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
-from inferencecache.server.metrics import LazyChildren, ServerMetrics
+from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
 

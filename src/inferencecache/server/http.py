@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
 
+from inferencecache.metrics import LazyChildren, metrics_response
 from inferencecache.server.auth import OK, BearerAuth
-from inferencecache.server.metrics import LazyChildren, ServerMetrics
+from inferencecache.server.metrics import ServerMetrics
+from inferencecache.web import read_limited
 
 log = logging.getLogger("inferencecache.server.http")
 
@@ -61,23 +62,6 @@ def _text(status: int, text: str, headers: dict[str, str] | None = None) -> web.
     return web.Response(status=status, text=text, content_type="text/plain", headers=headers)
 
 
-async def _read_limited(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None when it is larger than ``limit`` bytes."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _public_routes(app: web.Application, cfg: HttpConfig) -> None:
     async def healthz(request: web.Request) -> web.Response:
         return _text(200, "ok\n")
@@ -87,8 +71,7 @@ def _public_routes(app: web.Application, cfg: HttpConfig) -> None:
 
     async def metrics(request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(None, generate_latest, cfg.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return await loop.run_in_executor(None, metrics_response, cfg.registry)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -115,22 +98,38 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
         body = await loop.run_in_executor(None, cfg.backend.snapshot_json)
         return web.Response(body=body, content_type="application/json")
 
+    def rejected(request: web.Request, endpoint: str, reason: str, detail: str) -> None:
+        """A bad admin body: counted and logged (admin traffic is rare, so every one)."""
+        cfg.metrics.admin_rejected.labels(endpoint, reason).inc()
+        log.warning(
+            "admin request rejected",
+            extra={"endpoint": f"/{endpoint}", "reason": reason, "detail": detail[:200],
+                   "peer": request.remote or ""},
+        )
+
     async def policy(request: web.Request) -> web.Response:
-        body = await _read_limited(request, MAX_POLICY_BODY)
+        body = await read_limited(request, MAX_POLICY_BODY)
         if body is None:
-            return _text(400, f"policy body larger than {MAX_POLICY_BODY} bytes\n")
+            msg = f"policy body larger than {MAX_POLICY_BODY} bytes"
+            rejected(request, "policy", "too_large", msg)
+            return _text(400, msg + "\n")
         loop = asyncio.get_running_loop()
         err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
         if err is not None:
+            rejected(request, "policy", "invalid", err.strip())
             return _text(400, err.rstrip("\n") + "\n")
         return web.Response(status=204)
 
     async def probe(request: web.Request) -> web.Response:
-        body = await _read_limited(request, MAX_PROBE_BODY)
+        body = await read_limited(request, MAX_PROBE_BODY)
         if body is None:
-            return _text(400, f"probe body larger than {MAX_PROBE_BODY} bytes\n")
+            msg = f"probe body larger than {MAX_PROBE_BODY} bytes"
+            rejected(request, "probe", "too_large", msg)
+            return _text(400, msg + "\n")
         loop = asyncio.get_running_loop()
         status, out = await loop.run_in_executor(None, cfg.backend.probe, body)
+        if status == 400:
+            rejected(request, "probe", "invalid", out.decode("utf-8", "replace"))
         return web.Response(status=status, body=out, content_type="application/json")
 
     app.router.add_route("*", "/snapshot", guarded("snapshot", ("GET",), snapshot))

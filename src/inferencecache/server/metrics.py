@@ -19,22 +19,6 @@ OVERFLOW_MODEL = "__other__"
 AUTH_ENDPOINTS = ("snapshot", "policy", "probe")
 
 
-class LazyChildren:
-    """Label children of one metric, bound on first use and cached (series appear lazily)."""
-
-    __slots__ = ("_children", "_metric")
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *labels: str) -> Any:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        return child
-
-
 class ServerMetrics:
     """Every server-side metric, registered in ``self.registry`` (never the global one)."""
 
@@ -95,6 +79,12 @@ class ServerMetrics:
             "inferencecache_server_undecodable_requests",
             "gRPC requests protobuf could not decode, by method (answered fail-open).",
             ["method"],
+            registry=r,
+        )
+        self.admin_rejected = Counter(
+            "inferencecache_server_admin_rejected_requests",
+            "Authorized /policy and /probe requests answered 400, by endpoint and reason.",
+            ["endpoint", "reason"],
             registry=r,
         )
         self.lookup_errors = Counter(

@@ -28,11 +28,13 @@ from inferencecache.index.model import (
     LookupResult,
     PackedUpdate,
     Reason,
+    StatsLike,
     Update,
 )
+from inferencecache.metrics import LazyChildren
 from inferencecache.server import wire
 from inferencecache.server.ingest import parse_update_request, update_from_message
-from inferencecache.server.metrics import LazyChildren, ServerMetrics
+from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.wire import encode_response
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
@@ -50,19 +52,19 @@ def _peer(context: grpc.ServicerContext) -> str:
         return ""
 
 
-class CacheStateRow(Protocol):
+def _client_cancelled(context: grpc.ServicerContext) -> bool:
+    """Whether grpcio recorded a client cancel for this RPC. No public accessor exists (sync
+    ``is_active()`` is also False after a normal finish), so this reads grpcio's RPC state and
+    answers False if that ever changes shape."""
+    state = getattr(context, "_state", None)
+    return getattr(state, "client", None) == "cancelled"
+
+
+class CacheStateRow(StatsLike, Protocol):
+    """One GetCacheState row: a replica's reported stats."""
+
     @property
     def replica_id(self) -> str: ...
-    @property
-    def cache_memory_bytes(self) -> int: ...
-    @property
-    def hit_rate(self) -> float: ...
-    @property
-    def pressure(self) -> float: ...
-    @property
-    def t2_hit_tokens(self) -> int: ...
-    @property
-    def t2_query_tokens(self) -> int: ...
 
 
 class CacheStateView(Protocol):
@@ -195,16 +197,25 @@ class InferenceCacheService:
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
     ) -> Any:
         """Apply each update on receipt; Ack at half-close (contract §4.1)."""
-        try:
-            for msg in request_iterator:
-                if msg is wire.UNDECODABLE:
-                    self._stream_errors("undecodable").inc()
-                    self._reject(context, "ReportCacheState")
-                self._apply(msg, "update")
-        except grpc.RpcError:
-            # The client cancelled or the connection broke: the RPC already carries that status.
-            self._stream_errors("cancelled").inc()
-            raise
+        ended: list[str] = []  # set once the handler decided how the stream ends
+
+        def on_termination() -> None:
+            # The client cancelled or the connection broke. Counted from gRPC's termination
+            # callback: depending on timing the request iterator raises RpcError, or simply
+            # stops as if the client had half-closed (the cancel is then seen only here).
+            if not ended or (ended == ["ok"] and _client_cancelled(context)):
+                self._stream_errors("cancelled").inc()
+
+        context.add_callback(on_termination)
+        for msg in request_iterator:
+            if msg is wire.UNDECODABLE:
+                ended.append("undecodable")
+                self._stream_errors("undecodable").inc()
+                self._reject(context, "ReportCacheState")
+            self._apply(msg, "update")
+        if not context.is_active():
+            return pb.Ack(accepted=False)  # cancelled: nobody reads this; counted above
+        ended.append("ok")
         return pb.Ack(accepted=True)
 
     def publish_event(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -23,13 +23,12 @@ LookupRouteResponse bytes the same way (compiled ``Encoder``, else protobuf itse
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 
+from inferencecache import accelerators, varint
 from inferencecache.fingerprint import varint_count
 from inferencecache.index.model import LookupRequest, LookupResult, ReplicaScore
 from inferencecache.index.ranking import record_maker
@@ -112,19 +111,10 @@ def _counts(payload: bytes) -> bytes | list[int]:
     # Multi-byte or negative counts: let protobuf decode just this field.
     sub = pb.LookupRouteRequest()
     try:
-        sub.MergeFromString(bytes([_T_COUNTS]) + _encode_varint(len(payload)) + payload)
+        sub.MergeFromString(bytes([_T_COUNTS]) + varint.encode(len(payload)) + payload)
     except DecodeError as e:
         raise _Fallback from e
     return list(sub.block_token_counts)
-
-
-def _encode_varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def parse_fast(buf: bytes) -> LookupRequest:
@@ -215,13 +205,17 @@ def parse_fast(buf: bytes) -> LookupRequest:
             ttft = pb.SLO.FromString(slo).ttft_ms
         except DecodeError as e:
             raise _Fallback from e
-    if isinstance(tokens, list):
-        tokens = b"".join(tokens)
-    if tokens:
-        try:
-            varint_count(tokens)  # C scan; a truncated payload: protobuf decides (rejects)
-        except ValueError as e:
-            raise _Fallback from e
+    # C scan of each packed chunk (protobuf rejects a varint cut at a chunk's end or longer
+    # than 10 bytes): on either, protobuf decides
+    try:
+        if isinstance(tokens, list):
+            for chunk in tokens:
+                varint_count(chunk)
+            tokens = b"".join(tokens)
+        elif tokens:
+            varint_count(tokens)
+    except ValueError as e:
+        raise _Fallback from e
     hashes: bytes | list[bytes]
     packed: bool
     if not singles:
@@ -339,22 +333,6 @@ def encode_response(res: LookupResult) -> bytes:
 # The compiled helpers (_lookupwire.c): used when built, unless INFERENCECACHE_PURE_PYTHON.
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _compiled() -> ModuleType | None:
-    if _env_flag("INFERENCECACHE_PURE_PYTHON"):
-        return None
-    try:
-        from inferencecache.server import _lookupwire
-    except ImportError:
-        if _env_flag("INFERENCECACHE_REQUIRE_NATIVE"):
-            raise
-        return None
-    return _lookupwire
-
-
 REQUEST_FIELDS = (
     "tenant_id", "model_id", "hash_scheme", "adapter_id", "prefix_hash", "prefix_token_count",
     "block_hashes", "packed_hashes", "block_token_counts", "token_ids", "token_varints",
@@ -363,7 +341,7 @@ REQUEST_FIELDS = (
 """``LookupRequest`` fields in the order of the compiled parser's tuple."""
 RESULT_FIELDS = ("reason_code", "replica_scores", "lookup_latency_us", "token_ids", "adapter_id")
 
-_LW = _compiled()
+_LW = accelerators.load("inferencecache.server._lookupwire")
 _c_parse: Callable[[bytes], tuple[Any, ...] | None] | None = None
 _encoder: Any = None
 if _LW is not None:

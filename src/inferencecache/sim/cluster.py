@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from inferencecache.engines.simulated import EngineParams
-from inferencecache.routing.registry import POLICY_NAMES, parse_params
+from inferencecache.routing.registry import POLICY_NAMES, guard_params, parse_params
 
 DEFAULT_REPLICAS: Final = 8
 DEFAULT_GATEWAYS: Final = 2  # gateway replicas (an HA deployment runs at least two)
@@ -27,7 +27,6 @@ DEFAULT_POLICIES: Final = POLICY_NAMES
 MODEL: Final = "sim-model"
 TENANT: Final = "default"
 STATS_INTERVAL_S: Final = 1.0  # the demo's subscribers scrape engine metrics every second
-MIN_MATCH_FRACTION: Final = 0.3  # a prefix match covering less of the prompt is not worth a queue
 
 
 def max_concurrency_ceiling(engine: EngineParams) -> int:
@@ -39,21 +38,18 @@ def default_policy_params(engine: EngineParams) -> dict[str, dict[str, Any]]:
     """Policy parameters the comparison uses unless overridden.
 
     ``approximate`` gets the engines' real cache size (a fair baseline: an operator sizes a
-    history router's tree to the engines' caches). The three prefix-aware policies get the same
-    load guard: leave a replica whose in-flight count exceeds the least loaded one's by more
-    than a quarter of its sequence slots (and by 1.5x), as SGLang's cache-aware router does;
-    ``approximate`` and ``cache_aware`` both ignore a prefix match covering less than 30% of the
-    prompt (SGLang's ``cache_threshold``). ``oracle`` keeps pure longest-prefix (plus the guard).
+    history router's tree to the engines' caches). The three prefix-aware policies get the load
+    guard of ``routing.registry.guard_params`` for the engines' sequence slots (the gateway's
+    defaults are the same guard).
     """
-    guard = {"balance_abs_threshold": max(1, engine.max_num_seqs // 4)}
+    seqs = engine.max_num_seqs
     return {
         "approximate": {
             "capacity_blocks": max(1, engine.num_blocks),
-            "match_threshold": MIN_MATCH_FRACTION,
-            **guard,
+            **guard_params("approximate", seqs),
         },
-        "cache_aware": {"min_match_fraction": MIN_MATCH_FRACTION, **guard},
-        "oracle": dict(guard),
+        "cache_aware": guard_params("cache_aware", seqs),
+        "oracle": guard_params("oracle", seqs),
     }
 
 

@@ -32,17 +32,6 @@ SWEEPABLE: Final = {
 _E = cluster.DEFAULT_ENGINE
 
 
-def _engine(s: Any) -> EngineParams:
-    return EngineParams(
-        block_size=s.block_size,
-        num_blocks=s.gpu_blocks,
-        max_num_seqs=s.max_num_seqs,
-        prefill_ms_per_token=s.prefill_ms_per_token,
-        decode_ms_per_token=s.decode_ms_per_token,
-        prefill_base_ms=s.prefill_base_ms,
-    )
-
-
 def _check_common(s: Any) -> None:
     try:
         cluster.parse_policies(s.policies)
@@ -63,7 +52,7 @@ def _check_common(s: Any) -> None:
     if s.gateways < 1:
         raise ValueError(f"--gateways: must be >= 1, got {s.gateways}")
     try:
-        _engine(s)
+        EngineParams.from_flags(s)
     except ValueError as e:
         raise ValueError(f"engine flags: {e}") from None
 
@@ -124,7 +113,7 @@ class SimulateSettings(EngineFlags):
 
     @property
     def engine(self) -> EngineParams:
-        return _engine(self)
+        return EngineParams.from_flags(self)
 
 
 def parse_sweep(text: str) -> tuple[str, list[int | float]]:
@@ -195,7 +184,7 @@ def demo(settings: DemoSettings) -> int:
     """Start server, engines, subscribers and gateway; compare every routing policy."""
     from inferencecache.sim.demo import DemoPlan, run
 
-    engine = _engine(settings)
+    engine = EngineParams.from_flags(settings)
     overrides = cluster.parse_policy_params(settings.policy_params)
     plan = DemoPlan(
         workload=WorkloadSpec(

@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from inferencecache.engines.simulated import EngineParams
+from inferencecache.procs import Child, ChildFailed, Children
 from inferencecache.sim import cluster, report
-from inferencecache.sim.procs import Child, ChildFailed, Children
 from inferencecache.sim.simulator import percentile, replica_names, warmup_tokens
 from inferencecache.sim.workloads import Request, WorkloadSpec, adapters_of, generate
 
@@ -81,11 +81,17 @@ def _addr(rec: dict[str, Any], key: str) -> str:
     return value
 
 
+def _start(children: Children, name: str, args: list[str]) -> Child:
+    """One child in its own session: a Ctrl-C in the terminal reaches the demo only, and the
+    demo shuts its children down."""
+    return children.start(*args, name=name, new_session=True)
+
+
 def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
     """Server + engines (in parallel), then one subscriber per engine."""
     eng = plan.engine
     c = Cluster()
-    server = children.start("server", [
+    server = _start(children, "server", [
         "serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--block-size", str(eng.block_size),
     ])
@@ -107,7 +113,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
         ]
         if lora:
             args += ["--lora-adapters", lora]
-        engines.append((name, children.start(name, args)))
+        engines.append((name, _start(children, name, args)))
     rec = server.wait_log("serving", START_TIMEOUT)
     c.grpc = _addr(rec, "grpc_address")
     c.server_http = _addr(rec, "http_address")
@@ -118,7 +124,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
         c.engines[name] = _addr(rec, "http_address")
     subs: list[Child] = []
     for name in names:
-        subs.append(children.start(f"subscriber-{name}", [
+        subs.append(_start(children, f"subscriber-{name}", [
             "subscribe",
             "--engine-endpoint", zmq_endpoints[name],
             "--server", c.grpc,
@@ -147,7 +153,7 @@ def spawn_gateway(plan: DemoPlan, c: Cluster, children: Children, policy: str) -
     params = plan.policy_params.get(policy)
     if params:
         args += ["--routing-params", cluster.format_params(params)]
-    return children.start(f"gateway-{policy}", args)
+    return _start(children, f"gateway-{policy}", args)
 
 
 def gateway_address(child: Child) -> str:
@@ -348,7 +354,7 @@ async def run_policies(
 def run(plan: DemoPlan, console: Console | None = None) -> int:
     """The demo; returns the exit code. Every child is stopped whatever happens."""
     console = console or Console()
-    children = Children()
+    children = Children(stop_timeout=5.0, together=True)  # SIGTERM to all: parallel shutdown
     started = time.monotonic()
 
     async def main() -> dict[str, Any]:

@@ -61,6 +61,14 @@ class Subscriber:
             not t.done() for t in self._tasks.values()
         )
 
+    def _on_reconnect(self) -> None:
+        """The channel is back (maybe to a restarted or different server): resync the resident
+        state and ask the server's capabilities again."""
+        if self.client is not None:
+            self.client.forget_capabilities()
+        if self.forwarder is not None:
+            self.forwarder.request_resync()
+
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)
         task.add_done_callback(self._task_done)
@@ -130,8 +138,7 @@ class Subscriber:
         self._spawn("intake", self.intake.run())
         self._spawn("processor", self.processor.run())
         self._spawn("sender", self.forwarder.run())
-        self._spawn("connectivity", watch_connectivity(self.client.channel,
-                                                       self.forwarder.request_resync))
+        self._spawn("connectivity", watch_connectivity(self.client.channel, self._on_reconnect))
         if s.engine_metrics_url:
             profile = make_profile(
                 s.hash_scheme, s.cache_tier, s.engine_cache_size_bytes, s.max_concurrency_ceiling
@@ -186,12 +193,7 @@ class Subscriber:
             if not done:
                 log.warning("stats reporter drain timed out")
         await self._cancel("connectivity")
-        if self.http is not None:
-            await self.http.stop()
-        if self.client is not None:
-            await self.client.close()
-        if self.ctx is not None:
-            self.ctx.destroy(linger=0)
+        await self._close_io()
         log.info("kvevent-subscriber stopped")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -209,6 +211,10 @@ class Subscriber:
         self._stopping = True
         for name in list(self._tasks):
             await self._cancel(name)
+        await self._close_io()
+
+    async def _close_io(self) -> None:
+        """The listener, the gRPC channel and the ZeroMQ context, whichever were opened."""
         if self.http is not None:
             await self.http.stop()
         if self.client is not None:

@@ -13,12 +13,17 @@ from typing import Any, Final
 
 import grpc
 import grpc.aio
+from google.protobuf import descriptor_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
 RPC_DEADLINE: Final = 5.0
 REPORT_PATH: Final = "/inferencecache.v1alpha1.InferenceCache/ReportCacheState"
+CACHE_EVENT: Final = "inferencecache.v1alpha1.CacheEvent"
+BATCH_FIELD: Final = 8
+"""``CacheEvent.prefix_hashes``: the additive field that batches evictions (docs/subscriber.md)."""
 
 CHANNEL_OPTIONS: Final[list[tuple[str, Any]]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -40,6 +45,7 @@ class CacheClient:
         self._stub = pb_grpc.InferenceCacheStub(self.channel)  # type: ignore[no-untyped-call]
         self._report = self.channel.stream_unary(
             REPORT_PATH, request_serializer=_wire_bytes, response_deserializer=pb.Ack.FromString)
+        self._batching: bool | None = None
 
     async def report(self, update: pb.CacheStateUpdate | bytes) -> pb.Ack:
         """Send one update on a fresh client stream, half-close, await the Ack."""
@@ -57,8 +63,53 @@ class CacheClient:
         ack: pb.Ack = await self._stub.PublishEvent(event, timeout=self.deadline)
         return ack
 
+    async def supports_batched_evictions(self) -> bool:
+        """Whether the server's contract has ``CacheEvent.prefix_hashes`` (field 8), asked once
+        per connection through server reflection. A server without the field would apply only
+        the first hash of a batch, so anything but a clear yes (no reflection, an older
+        contract, an error) means one hash per ``PublishEvent``."""
+        if self._batching is None:
+            self._batching = await self._probe_batching()
+        return self._batching is True
+
+    def forget_capabilities(self) -> None:
+        """The connection came back, maybe to another server build: ask again next time."""
+        self._batching = None
+
+    async def _probe_batching(self) -> bool | None:
+        """True/False from the server's descriptor; None (ask again) when it did not answer."""
+        stub = reflection_pb2_grpc.ServerReflectionStub(self.channel)  # type: ignore[no-untyped-call]
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol=CACHE_EVENT)
+        try:
+            async for resp in stub.ServerReflectionInfo(iter((request,)), timeout=self.deadline):
+                return _has_batch_field(resp)
+        except grpc.RpcError as e:
+            code = e.code() if callable(getattr(e, "code", None)) else None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return None  # not reachable now: the PublishEvent fails anyway; ask again later
+            return False  # UNIMPLEMENTED (no reflection) and the like: the safe single form
+        return False
+
     async def close(self) -> None:
         await self.channel.close(grace=None)
+
+
+def _has_batch_field(resp: Any) -> bool:
+    """Whether a reflection answer describes ``CacheEvent`` with field 8 as repeated bytes."""
+    package, _, name = CACHE_EVENT.rpartition(".")
+    for raw in resp.file_descriptor_response.file_descriptor_proto:
+        fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
+        if fd.package != package:
+            continue
+        for msg in fd.message_type:
+            if msg.name == name:
+                return any(
+                    f.number == BATCH_FIELD
+                    and f.type == descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                    and f.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+                    for f in msg.field
+                )
+    return False
 
 
 def _wire_bytes(update: pb.CacheStateUpdate | bytes) -> bytes:

@@ -12,9 +12,11 @@ stream, up to ``MAX_STREAM_UPDATES``: a stream costs ~0.5-1 ms of CPU on each si
 With ``batch_evictions`` (the default; ``--batch-evictions``) evictions go out batched: one
 ``PublishEvent`` carries ``prefix_hash`` and further hashes in ``prefix_hashes`` (field 8, an
 additive contract field) for every eviction of a run that shares its adapter and timestamp, i.e.
-at least every eviction of one BlockRemoved event and usually of a whole engine batch. An old
-server applies only ``prefix_hash`` and the rest age out by TTL. ``batch_evictions=False``
-restores exactly one ``PublishEvent`` per evicted block.
+at least every eviction of one BlockRemoved event and usually of a whole engine batch. A batch
+is sent as one message only to a server whose reflected contract has that field (asked once per
+connection, ``CacheClient.supports_batched_evictions``); to any other server it goes out as one
+``PublishEvent`` per hash, as an older server would apply only ``prefix_hash``.
+``batch_evictions=False`` always sends exactly one ``PublishEvent`` per evicted block.
 
 When an RPC fails the sender backs off (100 ms doubling to 1 s) and marks a resync: adds made
 meanwhile are counted and dropped instead of queued (the resync re-sends the whole resident
@@ -384,11 +386,20 @@ class Forwarder:
         return True
 
     async def _publish(self, event: _Event) -> bool:
-        """One PublishEvent; logs and counts a failure but leaves the backoff to the caller."""
-        msg = build_event(self.ident, event.kind, event.ts_us, event.prefix, event.adapter,
-                          event.more or ())
+        """One PublishEvent (one per hash when the server cannot take a batch); logs and counts
+        a failure but leaves the backoff to the caller."""
         try:
-            await self.client.publish(msg)
+            if event.more and not await self.client.supports_batched_evictions():
+                hashes = [event.prefix, *event.more]
+                await asyncio.gather(*(
+                    self.client.publish(build_event(self.ident, event.kind, event.ts_us, h,
+                                                    event.adapter, ()))
+                    for h in hashes
+                ))
+            else:
+                await self.client.publish(build_event(
+                    self.ident, event.kind, event.ts_us, event.prefix, event.adapter,
+                    event.more or ()))
         except Exception as e:
             name = "PREFIX_EVICTED" if event.kind == PREFIX_EVICTED else "ALL_CLEARED"
             self.metrics.rpc_failures["PublishEvent"].inc()

@@ -78,7 +78,7 @@ def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     return env
 
 
-def _pick_template(raw: Any) -> str | None:
+def pick_template(raw: Any) -> str | None:
     """``chat_template`` may be a string or a list of ``{"name", "template"}`` (use "default")."""
     if isinstance(raw, str):
         return raw
@@ -120,24 +120,35 @@ class ChatTokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text`` encoded as a plain string (no template), with or without the
+        tokenizer's own special tokens (BOS, ...)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def render_template(self, **variables: Any) -> str:
+        """The chat template rendered with the model's special tokens (``bos_token``, ...) and
+        ``variables`` (which win over them); ValueError for a model without a template. Errors
+        the template raises (``raise_exception``, a bad variable) propagate."""
+        if self._template is None:
+            raise ValueError(f"model {self.model_id!r} has no chat template")
+        return self._template.render({**self._context, **variables})
+
     def render(self, text: str) -> str:
         """The prompt string the engine would see for one user message (generation prompt on)."""
         if self._template is None:
             return text
-        return self._template.render(
+        return self.render_template(
             messages=[{"role": "user", "content": text}],
             add_generation_prompt=True,
             tools=None,
             documents=None,
-            **self._context,
         )
 
     def encode_chat(self, text: str) -> list[int]:
         """Token ids of ``text`` as one chat turn (see the module doc for templateless models)."""
         if self._template is None:
-            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
-        rendered = self.render(text)
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+            return self.encode(text, add_special_tokens=True)
+        return self.encode(self.render(text), add_special_tokens=False)
 
 
 class TokenizerSet:
@@ -185,7 +196,7 @@ def load_model(model_id: str, directory: Path) -> ChatTokenizer:
         if not isinstance(loaded, dict):
             raise TokenizerLoadError(f"cannot read {cfg_path}: not a JSON object")
         config = loaded
-    template = _pick_template(config.get("chat_template"))
+    template = pick_template(config.get("chat_template"))
     tpl_path = directory / TEMPLATE_FILE
     if template is None and tpl_path.exists():
         try:

@@ -39,14 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from inferencecache.tokenize.chat import (
     CONFIG_FILE,
     TEMPLATE_FILE,
     ChatTokenizer,
-    _pick_template,
     load_tokenizer_dir,
+    pick_template,
 )
 
 MAX_U32 = 0xFFFFFFFF
@@ -93,7 +91,7 @@ def template_source(model_dir: str | os.PathLike[str]) -> str | None:
         config = json.loads((d / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         config = {}
-    source = _pick_template(config.get("chat_template")) if isinstance(config, dict) else None
+    source = pick_template(config.get("chat_template")) if isinstance(config, dict) else None
     if source is None:
         try:
             source = (d / TEMPLATE_FILE).read_text(encoding="utf-8")
@@ -112,15 +110,6 @@ def load_engine_tokenizers(path: str | os.PathLike[str]) -> dict[str, EngineToke
         parts = uses_content_parts(template_source(Path(path) / model_id))
         out[model_id] = EngineTokenizer(chat, parts)
     return out
-
-
-def _parts(tok: EngineTokenizer) -> tuple[Any, jinja2.Template | None, dict[str, Any]]:
-    """The loaded tokenizer, compiled template and special-token context of ``tok``.
-
-    ``ChatTokenizer`` keeps them private; this is the one place that reaches in.
-    """
-    chat = tok.chat
-    return chat._tokenizer, chat._template, chat._context
 
 
 def _token_list(value: Sequence[Any], param: str) -> list[int]:
@@ -186,8 +175,7 @@ def completion_prompt_ids(tok: EngineTokenizer | None, body: Mapping[str, Any]) 
     if tok is None:
         raise UnsupportedPrompt("no tokenizer for this model")
     add_special = body.get("add_special_tokens", True)
-    tokenizer, _, _ = _parts(tok)
-    ids = list(tokenizer.encode(prompt, add_special_tokens=add_special is not False).ids)
+    ids = tok.chat.encode(prompt, add_special_tokens=add_special is not False)
     return _truncate(ids, body)
 
 
@@ -262,8 +250,7 @@ def _parse_arguments(call: Any) -> Any:
 def render_chat(tok: EngineTokenizer, body: Mapping[str, Any]) -> str:
     """The prompt text the engine renders for a chat body (PromptError / UnsupportedPrompt)."""
     messages = check_messages(body)
-    _, template, context = _parts(tok)
-    if template is None:
+    if not tok.chat.has_chat_template:
         raise UnsupportedPrompt("the model has no chat template")
     chat = _normalize(messages, tok.content_parts)
     cont = body.get("continue_final_message") is True
@@ -276,7 +263,7 @@ def render_chat(tok: EngineTokenizer, body: Mapping[str, Any]) -> str:
             content[-1]["text"] = content[-1]["text"] + _SENTINEL
         else:
             raise UnsupportedPrompt("continue_final_message without final message text")
-    kwargs: dict[str, Any] = dict(context)
+    kwargs: dict[str, Any] = {}
     extra = body.get("chat_template_kwargs")
     if isinstance(extra, dict):
         kwargs.update(extra)
@@ -287,7 +274,7 @@ def render_chat(tok: EngineTokenizer, body: Mapping[str, Any]) -> str:
         documents=body.get("documents") if isinstance(body.get("documents"), list) else None,
     )
     try:
-        rendered = template.render(**kwargs)
+        rendered = tok.chat.render_template(**kwargs)
     except Exception as e:  # raise_exception() in the template, or any render failure
         raise UnsupportedPrompt(f"chat template failed: {e}") from e
     if cont:
@@ -304,6 +291,5 @@ def chat_prompt_ids(tok: EngineTokenizer | None, body: Mapping[str, Any]) -> lis
     if tok is None:
         raise UnsupportedPrompt("no tokenizer for this model")
     text = render_chat(tok, body)
-    tokenizer, _, _ = _parts(tok)
     add_special = body.get("add_special_tokens", False) is True
-    return _truncate(list(tokenizer.encode(text, add_special_tokens=add_special).ids), body)
+    return _truncate(tok.chat.encode(text, add_special_tokens=add_special), body)
