@@ -6,7 +6,7 @@
 
 Processes (all on 127.0.0.1, ports chosen at run time, each stopped by its own PID):
 ``inferencecache serve``, ``inferencecache subscribe`` and ``inferencecache fake-engine
---workload random`` (vLLM 0.33 map events, 16-token blocks, 16 requests per batch, each request
+--mode random`` (vLLM 0.33 map events, 16-token blocks, 16 requests per batch, each request
 1-8 fresh blocks, no shared prefixes, no evictions: every block stored is a new index key).
 
 Figures:
@@ -68,7 +68,7 @@ def _e2e(blocks: int, gpu_blocks: int = 0, sub_args: tuple[str, ...] = ()) -> di
         srv = server.wait_log("serving", timeout=60)
         server_metrics = f"http://{srv['http_address']}/metrics"
         engine = procs.start(
-            "fake-engine", "--workload", "random", "--seed", "1", "--steps", str(steps),
+            "fake-engine", "--mode", "random", "--seed", "1", "--steps", str(steps),
             "--interval", "0", "--requests-per-step", str(REQUESTS_PER_STEP), "--new-blocks",
             str(NEW_BLOCKS), "--prefix-blocks", "0", "--gpu-blocks", str(gpu_blocks),
             "--bind", "tcp://127.0.0.1:0", "--http-address", "", "--wait-for-subscriber",

@@ -3,7 +3,7 @@
     python bench/gateway.py [--quick] [--json]
 
 Starts, each in its own process on loopback ports chosen at run time: ``inferencecache serve``,
-two ``fake-engine --workload simulated`` engines with zero prefill/decode cost (so the engine's
+two ``fake-engine --mode simulated`` engines with zero prefill/decode cost (so the engine's
 own time is just its HTTP handling), and one ``gateway`` per routing policy measured. The
 client (this process, aiohttp, concurrency 1, keep-alive) sends the same non-streaming
 ``/v1/completions`` request (a 1024-token prompt, ``max_tokens`` 1) directly to an engine and
@@ -97,7 +97,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         grpc_address = server.wait_log("serving", timeout=30)["grpc_address"]
         engines = []
         for _ in range(2):
-            e = procs.start("fake-engine", "--workload", "simulated",
+            e = procs.start("fake-engine", "--mode", "simulated",
                             "--bind", "tcp://127.0.0.1:0", "--http-address", "127.0.0.1:0",
                             "--block-size", str(BLOCK), "--model-name", MODEL,
                             "--gpu-blocks", "4096", "--prefill-ms-per-token", "0",

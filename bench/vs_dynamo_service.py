@@ -249,7 +249,7 @@ class Stack:
         self.engine = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "fake-engine",
              "--bind", f"tcp://127.0.0.1:{self.engine_port}", "--http-address", "",
-             "--workload", "script", "--script", "-", "--block-size", str(block_size),
+             "--mode", "script", "--script", "-", "--block-size", str(block_size),
              "--wire-format", WIRE_FORMAT],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env=child_env(), cwd=common.REPO)

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from inferencecache.config import CONTEXT
+
 # name -> "module:attribute" of a click.Command. Each part registers its binary here.
 COMMANDS: dict[str, str] = {
     "subscribe": "inferencecache.subscriber.command:subscribe",
@@ -22,8 +24,6 @@ COMMANDS: dict[str, str] = {
     "simulate": "inferencecache.sim.command:simulate",
     "demo": "inferencecache.sim.command:demo",
 }
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class _LazyGroup(click.Group):

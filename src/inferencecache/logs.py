@@ -39,8 +39,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+def python_level(level: str | int) -> str | int:
+    """A ``--log-level`` value (``debug``, ``info``, ``warn``/``warning``, ``error``, any case)
+    as a :mod:`logging` level."""
+    if isinstance(level, int):
+        return level
+    name = level.upper()
+    return "WARNING" if name == "WARN" else name
+
+
 def setup(level: str | int = "INFO") -> None:
-    """Route the root logger to stderr as JSON lines (idempotent)."""
+    """Route the root logger to stderr as JSON lines at ``level`` (a ``--log-level`` value or a
+    :mod:`logging` level; idempotent)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_inferencecache", False):
@@ -49,4 +59,4 @@ def setup(level: str | int = "INFO") -> None:
     handler.setFormatter(JsonFormatter())
     handler._inferencecache = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel(python_level(level))

@@ -1,13 +1,53 @@
 """What the aiohttp listeners here share: bounded body reads, and one app served on one TCP
 address whose bound port is known (port 0 picks a free one).
 
+:func:`bind_tcp` binds a listening socket up front and turns a failure into one
+:class:`ListenError` line naming the flag and the address (exit 2 in every command).
+
 Used by the server's HTTP surfaces, the gateway, the subscriber's metrics listener and the fake
 and simulated engines, so a body limit or a bind behaves the same in each.
 """
 
 from __future__ import annotations
 
+import socket
+
 from aiohttp import web
+
+from inferencecache.config import HostPort
+
+
+class ListenError(Exception):
+    """A listener could not be bound; the message is one line naming the address."""
+
+
+def bind_tcp(flag: str, addr: HostPort, backlog: int = 512) -> socket.socket:
+    """A listening TCP socket for ``addr`` (empty host = every interface)."""
+    host = addr.host or None
+    try:
+        infos = socket.getaddrinfo(
+            host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as e:
+        raise ListenError(f"cannot listen on {flag} {addr}: {e.strerror or e}") from e
+    if host is None:  # prefer a dual-stack wildcard
+        infos.sort(key=lambda i: i[0] != socket.AF_INET6)
+    last: OSError | None = None
+    for family, socktype, proto, _, sockaddr in infos:
+        sock = socket.socket(family, socktype, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and host is None:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(sockaddr)
+            sock.listen(backlog)
+            sock.setblocking(False)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    reason = (last.strerror if last is not None else None) or "no usable address"
+    raise ListenError(f"cannot listen on {flag} {addr}: {reason}")
 
 
 async def read_limited(request: web.Request, limit: int) -> bytes | None:
@@ -50,6 +90,20 @@ class Listener:
         self._runner = runner
         addresses = runner.addresses
         self.port = int(addresses[0][1]) if addresses else port
+        return self.port
+
+    async def start_socket(self, sock: socket.socket) -> int:
+        """Serve on an already bound listening socket (see :func:`bind_tcp`, which reports bind
+        errors before anything starts); returns its port."""
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(sock.getsockname()[1])
         return self.port
 
     async def stop(self) -> None:

@@ -47,6 +47,26 @@ def test_format_duration_round_trips_common_values() -> None:
         assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.05, "50ms"), (0.5, "500ms"), (2.0, "2s"), (90.0, "90s"), (600.0, "10m"),
+     (1800.0, "30m"), (7200.0, "2h"), (250e-6, "250us"), (1e-9, "0.001us"), (1e-5, "10us"),
+     (0.0001234, "123.4us"), (-2.0, "-2s")],
+)
+def test_format_duration_is_go_syntax(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "seconds", [1e-9, 3e-7, 1e-5, 0.05, 0.1, 0.3, 1.1, 2.5, 59.999, 123456.789, 1e20, -0.25]
+)
+def test_format_duration_round_trips_exactly(seconds: float) -> None:
+    """--help shows defaults with it: the text must parse back to the very same float."""
+    text = format_duration(seconds)
+    assert "e" not in text.rstrip("s").lower().replace("µ", "")
+    assert parse_duration(text) == seconds
+
+
 @pytest.mark.parametrize("text", ["1", "t", "T", "true", "TRUE", "True"])
 def test_go_true(text: str) -> None:
     assert parse_go_bool(text) is True

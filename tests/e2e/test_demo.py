@@ -50,11 +50,16 @@ def demo(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, marker
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
+def stop(proc: subprocess.Popen[str], marker: str) -> None:
+    """The demo by its PID, then any child of it still alive (a failed test must not leave a
+    cluster behind), each by its own PID."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
+    for pid in marked(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_gone(marker: str, timeout: float = 10.0) -> list[int]:
@@ -71,7 +76,7 @@ def test_demo_writes_the_results_and_leaves_no_process(tmp_path: Path) -> None:
     try:
         out, _ = proc.communicate(timeout=240)
     finally:
-        stop(proc)
+        stop(proc, marker)
     assert proc.returncode == 0, out[-3000:]
     doc = json.loads((tmp_path / "results.json").read_text())
     assert is_document(doc), doc
@@ -106,7 +111,7 @@ def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
-        stop(proc)
+        stop(proc, marker)
     assert proc.returncode != 0
     assert "interrupted" in out
     assert wait_gone(marker) == []

@@ -1,6 +1,6 @@
 """The gateway in front of real simulated engines, real subscribers and the real server.
 
-Processes: ``serve``, two ``fake-engine --workload simulated`` (OpenAI API + KV events, the tiny
+Processes: ``serve``, two ``fake-engine --mode simulated`` (OpenAI API + KV events, the tiny
 test tokenizer, one LoRA adapter), one ``subscribe`` per engine, and ``gateway``; every one is
 started on ports chosen at run time and stopped by its own PID in teardown. A replica is warmed
 by sending a prompt straight to its engine; once its subscriber's report reached the index
@@ -115,7 +115,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.stub = pb_grpc.InferenceCacheStub(c.channel)  # type: ignore[no-untyped-call]
         for rid in ("r0", "r1"):
             eng = c.start(
-                "fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0",
+                "fake-engine", "--mode", "simulated", "--bind", "tcp://127.0.0.1:0",
                 "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK),
                 "--model-name", MODEL, "--tokenizer-dir", str(tokdir),
                 "--lora-adapters", f"1={ADAPTER}", "--gpu-blocks", "1024",

@@ -62,7 +62,7 @@ class Fleet:
     def engine(
         self, bind: str = "tcp://127.0.0.1:0", replay: bool = False
     ) -> tuple[Child, dict[str, Any]]:
-        args = ["fake-engine", "--workload", "script", "--script", "-", "--bind", bind,
+        args = ["fake-engine", "--mode", "script", "--script", "-", "--bind", bind,
                 "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK)]
         if replay:
             args += ["--replay-endpoint", "tcp://127.0.0.1:0"]

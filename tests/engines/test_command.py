@@ -38,8 +38,9 @@ BASE = ["fake-engine", "--bind", "tcp://127.0.0.1:0", "--http-address", "127.0.0
         (["--interval", "0"], "--interval"),
         (["--interval", "10"], "--interval"),
         (["--wire-format", "vllm-9.9"], "--wire-format"),
-        (["--workload", "chaos"], "--workload"),
-        (["--workload", "script"], "--script"),
+        (["--mode", "chaos"], "--mode"),
+        (["--mode", "script"], "--script"),
+        (["--workload", "random"], "--workload"),
         (["--lora-adapters", "sql-lora"], "--lora-adapters"),
         (["--http-address", "nope"], "--http-address"),
         (["--bind", "127.0.0.1:5557"], "--bind"),
@@ -59,7 +60,7 @@ def test_bad_flag_values_exit_2_with_one_line(
 def test_help_lists_the_flags() -> None:
     r = run_cli(["fake-engine", "--help"])
     assert r.returncode == 0
-    for flag in ("--bind", "--wire-format", "--workload", "--replay-endpoint", "--http-address",
+    for flag in ("--bind", "--wire-format", "--mode", "--replay-endpoint", "--http-address",
                  "--num-blocks", "--omit-token-ids", "--script", "--seed"):
         assert flag in r.stdout
 
@@ -142,7 +143,7 @@ def _replay(endpoint: str, start: int, ctx: zmq.Context[zmq.Socket[bytes]]) -> l
 
 def test_script_from_stdin_with_replay() -> None:
     with Child("fake-engine", "--bind", "tcp://127.0.0.1:0", "--http-address", "",
-              "--workload", "script", "--script", "-", "--replay-endpoint", "tcp://127.0.0.1:0",
+              "--mode", "script", "--script", "-", "--replay-endpoint", "tcp://127.0.0.1:0",
               "--block-size", "4", stdin=True) as engine:
         ready = engine.wait_log("fake engine ready")
         assert ready["http_address"] == ""
@@ -192,7 +193,7 @@ def _decoded_events(endpoint: str) -> list[DecodedBatch]:
 def test_random_workload_is_deterministic_per_seed() -> None:
     runs = []
     for _ in range(2):
-        with Child(*BASE, "--workload", "random", "--seed", "7", "--steps", "20",
+        with Child(*BASE, "--mode", "random", "--seed", "7", "--steps", "20",
                   "--interval", "0", "--gpu-blocks", "30", "--clear-every", "9",
                   "--lora-adapters", "1=sql-lora,2=chat-lora", "--lora-fraction", "0.5",
                   "--replay-endpoint", "tcp://127.0.0.1:0") as engine:

@@ -1,4 +1,4 @@
-"""``fake-engine --workload simulated`` as a process: OpenAI routes over real HTTP on loopback,
+"""``fake-engine --mode simulated`` as a process: OpenAI routes over real HTTP on loopback,
 KV events on a real ZeroMQ SUB socket in the real wire format, vLLM metric names, queueing,
 reset, the oracle endpoint."""
 
@@ -29,7 +29,7 @@ MODEL = "sim-m"
 
 def start(*extra: str) -> tuple[Child, str, str]:
     proc = Child(
-        "fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0",
+        "fake-engine", "--mode", "simulated", "--bind", "tcp://127.0.0.1:0",
         "--http-address", "127.0.0.1:0", "--model-name", MODEL, "--block-size", str(B),
         "--lora-adapters", "1=sql-lora", *extra,
     )
@@ -261,7 +261,7 @@ def test_a_full_engine_queues_requests() -> None:
 def test_bad_simulated_flags_exit_2(args: list[str], flag: str) -> None:
     from inferencecache.procs import run_cli
 
-    r = run_cli(["fake-engine", "--workload", "simulated", "--bind", "tcp://127.0.0.1:0", *args])
+    r = run_cli(["fake-engine", "--mode", "simulated", "--bind", "tcp://127.0.0.1:0", *args])
     assert r.returncode == 2 and flag in r.stderr
 
 

@@ -143,12 +143,16 @@ def _check_result(index: Index, req: LookupRequest, res: LookupResult) -> None:
 def test_property_a_matches_come_from_the_requests_partition(
     store_factory: Factory, updates: list[Update], lookups: list[LookupRequest]
 ) -> None:
+    """Checked after every step of the run (the empty index, then each update), not only on
+    the final state: a foreign-partition match at an intermediate state fails even when a later
+    update adds the hold the check looks for to the request's own partition."""
     index, router, _ = _index(store_factory)
-    for u in updates:
-        index.apply_update(u)
-    for req in lookups:
-        _check_result(index, req, router.lookup(req))
-    assert index.verify() == []
+    for step in range(len(updates) + 1):
+        if step:
+            index.apply_update(updates[step - 1])
+        for req in lookups:
+            _check_result(index, req, router.lookup(req))
+        assert index.verify() == [], f"after step {step}"
 
 
 @SETTINGS

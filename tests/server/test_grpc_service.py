@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from inferencecache import fingerprint, varint
+from inferencecache.index.clock import SystemClock
 from inferencecache.index.model import PROBE_TENANT
 from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.tokenize import load_tokenizer_dir
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 from tests.server.helpers import (
     CONFIG,
     MODEL,
@@ -653,3 +657,124 @@ def test_bad_input_ingest_exception_skips_only_that_message(
     assert errors == 1
     resp = srv.stub().LookupRoute(lookup_chain(tokens(32)), timeout=10)
     assert [s.replica_id for s in resp.replica_scores] == ["r1"]
+
+
+# -- c10 item 72 through the real clock ------------------------------------------------------
+
+
+class HungTokenizer:
+    """A ``PromptTokenizer`` whose ``encode_chat`` blocks until ``release`` is set (bounded by
+    ``hold`` seconds), then returns one id per character."""
+
+    def __init__(self, hold: float = 30.0) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.hold = hold
+        self.calls = 0
+
+    def has_model(self, model_id: str) -> bool:
+        return model_id == MODEL
+
+    def encode_chat(self, model_id: str, text: str) -> list[int]:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(self.hold)
+        return [ord(c) for c in text]
+
+
+def test_c10_72_hung_tokenizer_times_out_after_5s_on_the_real_clock() -> None:
+    """No caller deadline, no policy timeout, ``SystemClock``: the server's own 5 s prompt
+    deadline ends the lookup with TIMEOUT (not earlier, not never); a tokenizer that answers
+    within the 5 s is waited for."""
+    tok = HungTokenizer()
+    text = "x" * 16
+    try:
+        with running_server(config=CONFIG, tokenizer=tok) as s:
+            assert type(s.backend.clock) is SystemClock
+            assert s.backend.index.policy(TENANT).lookup_timeout_ms == 0
+            stub = s.stub()
+            req = pb.LookupRouteRequest(
+                tenant_id=TENANT, model_id=MODEL, hash_scheme=SCHEME, prompt_text=text,
+                adapter_id="a",
+            )
+            t0 = time.monotonic()
+            fut = stub.LookupRoute.future(req)  # no gRPC deadline: "no other deadline"
+            try:
+                resp = fut.result(timeout=20)  # the test's own bound, not the caller's deadline
+            finally:
+                fut.cancel()
+            elapsed = time.monotonic() - t0
+            assert tok.entered.is_set() and tok.calls == 1
+            assert (resp.reason_code, list(resp.token_ids), resp.adapter_id) == ("TIMEOUT", [], "")
+            assert list(resp.replica_scores) == []
+            assert 5.0 <= elapsed < 8.0, elapsed
+            assert 5_000_000 <= resp.lookup_latency_us < 7_000_000, resp.lookup_latency_us
+            assert calls(s, MODEL, "TIMEOUT", False) == 1
+
+            # a tokenizer that answers within the 5 s is waited for: its chain matches
+            hung, tok.release = tok.release, threading.Event()
+            hung.set()  # free the abandoned call
+            tok.hold = 0.5  # the next call answers after 0.5 s
+            stub.ReportCacheState(
+                one_shot(update("r1", [chain_entry([ord(c) for c in text], adapter="a")])),
+                timeout=10,
+            )
+            t0 = time.monotonic()
+            resp = stub.LookupRoute.future(req).result(timeout=20)
+            elapsed = time.monotonic() - t0
+            assert (resp.reason_code, resp.adapter_id) == ("PREFIX_MATCH", "a"), resp
+            assert list(resp.token_ids) == [ord(c) for c in text]
+            assert 0.5 <= elapsed < 5.0, elapsed
+            assert tok.calls == 2
+    finally:
+        tok.release.set()  # never leave a tokenizer thread behind
+
+
+# -- transport bound: the gRPC max receive message size ---------------------------------------
+
+
+def _lookup_of_size(size: int) -> pb.LookupRouteRequest:
+    """A LookupRoute request whose serialized form is exactly ``size`` bytes (prompt_text
+    padding; no tokenizer, so it is answered NO_HINT when it gets through)."""
+    req = pb.LookupRouteRequest(tenant_id=TENANT, model_id=MODEL, hash_scheme=SCHEME)
+    n = size - req.ByteSize()
+    while True:  # the length varint of prompt_text grows with it
+        req.prompt_text = "x" * n
+        over = req.ByteSize() - size
+        if over == 0:
+            return req
+        n -= over
+
+
+def test_lookup_above_the_max_receive_size_is_resource_exhausted_by_the_transport() -> None:
+    """docs/server.md "Bounds": a LookupRoute request larger than the server's gRPC max receive
+    message size (16 MiB) is rejected by grpc core with RESOURCE_EXHAUSTED before our
+    deserializer or handler runs (no call counted, nothing undecodable); one of exactly the
+    limit is answered normally."""
+    assert MAX_RECEIVE_MESSAGE_BYTES == 16 * 1024 * 1024
+    big = _lookup_of_size(MAX_RECEIVE_MESSAGE_BYTES + 1)
+    fits = _lookup_of_size(MAX_RECEIVE_MESSAGE_BYTES)
+    assert (big.ByteSize(), fits.ByteSize()) == (
+        MAX_RECEIVE_MESSAGE_BYTES + 1, MAX_RECEIVE_MESSAGE_BYTES)
+    with running_server(config=CONFIG) as s:
+        ch = grpc.insecure_channel(
+            s.grpc_target, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        )
+        s.channels.append(ch)
+        stub = pb_grpc.InferenceCacheStub(ch)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as err:
+            stub.LookupRoute(big, timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+        # grpc core's own message, from the server side: "SERVER: Received message larger
+        # than max (16777217 vs. 16777216)"
+        details = err.value.details() or ""
+        assert "larger than max" in details and str(MAX_RECEIVE_MESSAGE_BYTES + 1) in details
+        assert total_calls(s) == 0  # our handler never ran
+        undecodable = s.metrics.registry.get_sample_value(
+            "inferencecache_server_undecodable_requests_total", {"method": "LookupRoute"}
+        )
+        assert not undecodable
+        # the same channel still works, and a request of exactly the limit gets through
+        resp = stub.LookupRoute(fits, timeout=30)
+        assert (resp.reason_code, list(resp.token_ids)) == ("NO_HINT", [])
+        assert calls(s, MODEL, "NO_HINT", False) == 1 and total_calls(s) == 1

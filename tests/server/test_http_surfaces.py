@@ -164,22 +164,56 @@ async def test_admin_paths_all_require_the_token(
 async def test_c10_88_policy_v7_absent_min_matched_turns_g1_off(
     http: aiohttp.ClientSession,
 ) -> None:
+    """A v7 ``/policy`` body whose policy omits ``minimumMatchedTokens``, ``routingFloorScore``
+    and ``evictionTTL``: G1 off (absent = 0 from version 4), the score floor and the TTL take
+    their defaults (0.1, 30 min); the same policy as version 3 → G1 64 and affinity on."""
     config = IndexConfig(policies={TENANT: TenantPolicy()})  # defaults: G1 64, affinity on
+    defaults = TenantPolicy()
+    assert (defaults.minimum_matched_tokens, defaults.routing_floor_score) == (64, 0.1)
     with running_server(config=config) as s:
         stub = s.stub()
         stub.ReportCacheState(one_shot(update("r1", [chain_entry(tokens(16))])), timeout=10)
         assert stub.LookupRoute(lookup_chain(tokens(16)), timeout=10).reason_code == "AFFINITY_HINT"
-        body = {
-            "version": 7,
-            "policies": [{"namespace": TENANT, "affinityRouting": False, "routingFloorScore": 0}],
-        }
+        policy: dict[str, object] = {"namespace": TENANT, "affinityRouting": False}
+        body: dict[str, object] = {"version": 7, "policies": [policy]}
         async with http.post(s.admin_url + "/policy", json=body) as r:
             assert r.status == 204
-        assert stub.LookupRoute(lookup_chain(tokens(16)), timeout=10).reason_code == "PREFIX_MATCH"
-        body["version"] = 3  # v3: floor 64 and affinity on again
+        pol = s.backend.index.policy(TENANT)
+        assert pol.minimum_matched_tokens == 0  # absent from v4 on: G1 off
+        assert pol.routing_floor_score == pytest.approx(0.1)  # absent: the default floor
+        assert pol.ttl_us == 30 * 60 * 1_000_000  # evictionTTL absent: 30 min
+        # a unique 16-token match (score 16 >= the 0.1 floor) is a PREFIX_MATCH
+        resp = stub.LookupRoute(lookup_chain(tokens(16)), timeout=10)
+        assert resp.reason_code == "PREFIX_MATCH"
+        assert [(x.replica_id, x.matched_tokens) for x in resp.replica_scores] == [("r1", 16)]
+        assert 15.9 < resp.replica_scores[0].score <= 16.0  # 16 tokens x freshness (real clock)
+
+        body["version"] = 3  # v3: G1 floor 64 and affinity on again
         async with http.put(s.admin_url + "/policy", json=body) as r:
             assert r.status == 204
+        assert s.backend.index.policy(TENANT).minimum_matched_tokens == 64
         assert stub.LookupRoute(lookup_chain(tokens(16)), timeout=10).reason_code == "AFFINITY_HINT"
+
+        # The default floor really applies: every replica of the scope holds the key, so DP
+        # makes every score 0 and G2 (floor 0.1) drops them all → NO_HINT (affinity off) ...
+        for replica in ("r2", "r3"):
+            stub.ReportCacheState(
+                one_shot(update(replica, [chain_entry(tokens(16))])), timeout=10
+            )
+        body["version"] = 7
+        async with http.post(s.admin_url + "/policy", json=body) as r:
+            assert r.status == 204
+        resp = stub.LookupRoute(lookup_chain(tokens(16)), timeout=10)
+        assert (resp.reason_code, list(resp.replica_scores)) == ("NO_HINT", [])
+        # ... while an explicit routingFloorScore 0 switches G2 off: the same lookup matches
+        policy["routingFloorScore"] = 0
+        async with http.post(s.admin_url + "/policy", json=body) as r:
+            assert r.status == 204
+        assert s.backend.index.policy(TENANT).routing_floor_score == 0
+        resp = stub.LookupRoute(lookup_chain(tokens(16)), timeout=10)
+        assert resp.reason_code == "PREFIX_MATCH"
+        assert [(x.replica_id, x.score) for x in resp.replica_scores] == [
+            ("r1", 0.0), ("r2", 0.0), ("r3", 0.0)]
 
 
 async def test_c10_86_replacing_config_restores_defaults(

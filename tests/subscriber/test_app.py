@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import zmq.asyncio
 
@@ -20,9 +21,12 @@ from inferencecache.config import HostPort
 from inferencecache.engines.metrics import EngineMetrics, MetricsPage
 from inferencecache.engines.publisher import EventPublisher
 from inferencecache.engines.workload import expect_lines, fixed_batch_events
+from inferencecache.kvevents.decode import REJECT_REASONS
 from inferencecache.kvevents.encode import WireStored, encode_batch
 from inferencecache.subscriber.app import Subscriber
+from inferencecache.subscriber.client import RPC_DEADLINE
 from inferencecache.subscriber.settings import SubscribeSettings
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from tests.subscriber.recorder import RecordingServer
 
 
@@ -104,6 +108,86 @@ async def test_s13_73_fixed_batch_yields_the_expect_hashes_every_resend() -> Non
         got = [(h, n) for h, n, _, _ in rec.prefixes()]
         assert got == want * 3
         assert all(u.timestamp_us == 0 for u in rec.updates())  # ts 0 → "now"
+
+
+def _with_ts(payload: bytes, ts: float | int) -> bytes:
+    """The batch ``payload`` with its envelope ``ts`` replaced by ``ts`` as msgpack writes it
+    (float64, or an int of any width/sign), the rest byte for byte."""
+    assert payload[0] & 0xF0 == 0x90 and payload[1] == 0xCB  # fixarray, float64 ts
+    return payload[:1] + msgspec.msgpack.encode(ts) + payload[10:]
+
+
+ODD_TS: list[float | int] = [
+    -1.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e300, 9.3e12, 4e-7,
+    -(2**63), -1, 2**63, 2**64 - 1,
+]
+
+
+async def test_s13_52_odd_engine_ts_reach_the_server_as_timestamp_0(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real msgpack envelopes whose ts is negative, NaN, infinite, huge or not representable in
+    µs: every batch is applied (none rejected, nothing raised) and what goes out carries
+    timestamp_us 0 ("now" at the server), never a bogus value; a positive ts still goes out."""
+    caplog.set_level(logging.WARNING, logger="inferencecache")
+    async with stack() as st:
+        await st.warm_up()
+        caplog.clear()  # the warm-up probes are malformed on purpose
+        rec = st.server.servicer
+        for i, ts in enumerate([*ODD_TS, 1767225600.125, 1767225600]):
+            st.pub.store([100 + i], None, list(range(16 * i, 16 * i + 16)), 16)
+            payload = st.pub.encode_step(0.0)
+            assert payload is not None
+            st.pub.publish_payload(_with_ts(payload, ts))
+            await rec.wait_for(lambda n=i + 1: len(rec.updates()) == n)
+            got = rec.updates()[-1].timestamp_us
+            want = {1767225600.125: 1_767_225_600_125_000, 1767225600: 1_767_225_600_000_000}
+            assert got == want.get(ts, 0), (ts, got)
+        # removal and clear events with odd ts: PREFIX_EVICTED / ALL_CLEARED stamped 0
+        st.pub.remove([100])
+        payload = st.pub.encode_step(0.0)
+        assert payload is not None
+        st.pub.publish_payload(_with_ts(payload, float("nan")))
+        st.pub.clear()
+        payload = st.pub.encode_step(0.0)
+        assert payload is not None
+        st.pub.publish_payload(_with_ts(payload, -float("inf")))
+        await rec.wait_for(lambda: "ALL_CLEARED" in rec.kinds())
+        assert [(pb.CacheEvent.Type.Name(e.type), e.timestamp_us) for e in rec.events()] == [
+            ("PREFIX_EVICTED", 0), ("ALL_CLEARED", 0)]
+        n = len(ODD_TS) + 4
+        assert st.value("batches_received_total") == n
+        assert sum(st.value("batches_rejected_total", reason=r) for r in REJECT_REASONS) == 0
+        assert st.sub.healthy()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_s13_51_52_a_batch_with_odd_ts_keeps_the_pending_stamp() -> None:
+    """Inside one window a NaN / negative ts batch does not reset the stamp of the adds: the
+    update carries the ts of the last batch with ts > 0 (flushed by the removal)."""
+    async with stack(window=60.0) as st:
+        await st.warm_up()
+        rec = st.server.servicer
+        for i, ts in enumerate([1.5, float("nan"), -3.0, 2**64 - 1]):
+            st.pub.store([200 + i], None, list(range(16 * i, 16 * i + 16)), 16)
+            payload = st.pub.encode_step(0.0)
+            assert payload is not None
+            st.pub.publish_payload(_with_ts(payload, ts))
+        st.pub.remove([200])
+        payload = st.pub.encode_step(0.0)
+        assert payload is not None
+        st.pub.publish_payload(_with_ts(payload, -1))
+        await rec.wait_for(lambda: len(rec.log) == 2)
+        assert rec.kinds() == ["update", "PREFIX_EVICTED"]
+        (u,) = rec.updates()
+        assert len(u.prefixes) == 4 and u.timestamp_us == 1_500_000
+        assert rec.events()[0].timestamp_us == 0
+
+
+async def test_s13_53_the_subscriber_calls_with_the_5s_deadline() -> None:
+    async with stack() as st:
+        assert st.sub.client is not None
+        assert st.sub.client.deadline == RPC_DEADLINE == 5.0
 
 
 async def test_metrics_and_healthz_endpoints() -> None:

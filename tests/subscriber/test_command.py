@@ -25,10 +25,12 @@ def test_starts_serves_health_and_stops_cleanly_on_sigterm() -> None:
         assert sub.count("kvevent-subscriber stopped") == 1
 
 
-def test_metrics_address_in_use_exits_1() -> None:
+def test_metrics_address_in_use_exits_2_with_one_line() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        r = run_cli([*BASE, "--metrics-address", f"127.0.0.1:{s.getsockname()[1]}"])
-    assert r.returncode == 1
-    assert "failed to start" in r.stderr
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        r = run_cli([*BASE, "--metrics-address", address])
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"--metrics-address {address}" in r.stderr and "in use" in r.stderr

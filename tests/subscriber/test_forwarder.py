@@ -5,20 +5,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferencecache.procs import free_port
-from inferencecache.subscriber.client import CacheClient
+from inferencecache.subscriber.client import RPC_DEADLINE, CacheClient
 from inferencecache.subscriber.forwarder import Forwarder
 from inferencecache.subscriber.mapping import Block
-from inferencecache.subscriber.messages import ALL_CLEARED, PREFIX_EVICTED, Entry, Identity
+from inferencecache.subscriber.messages import (
+    ALL_CLEARED,
+    PREFIX_EVICTED,
+    Entry,
+    Identity,
+    UpdateEncoder,
+    build_event,
+    build_update,
+    timestamp_us,
+)
 from inferencecache.subscriber.metrics import SubscriberMetrics
 from inferencecache.subscriber.resync import watch_connectivity
 from inferencecache.subscriber.tiers import GPU_ONLY, T1, T2
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from tests.subscriber.recorder import RecordingServer
 
 IDENT = Identity("replica-a", "model-x", "tenant-t", "vllm")
@@ -111,6 +126,57 @@ async def test_s13_51_52_update_identity_and_timestamp(server: RecordingServer) 
     await rig.close()
 
 
+INT64_MAX = 2**63 - 1
+# engine ts (seconds) that must become timestamp_us 0 ("now" at the server): ts <= 0, NaN,
+# infinities, and values whose microseconds do not fit the int64 wire field
+ZERO_TS: list[float | int] = [
+    0.0, -0.0, -1.0, -1e-9, -1e300, float("nan"), -float("nan"), float("inf"), -float("inf"),
+    1e300, 9.3e12, float(2**63), 5e-324, 4e-7,  # the last two: positive but below 1 µs
+    0, -1, -(2**63), 2**63, 2**64 - 1, 10**30,
+]
+
+
+def _on_the_wire(ts_us: int) -> tuple[int, int]:
+    """``ts_us`` through both encoders of an update and through an event: what a server reads."""
+    e = entry(1)
+    fast = UpdateEncoder(IDENT).encode([e], ts_us)
+    assert fast == build_update(IDENT, [e], ts_us).SerializeToString()
+    event = build_event(IDENT, ALL_CLEARED, ts_us).SerializeToString()
+    return (pb.CacheStateUpdate.FromString(fast).timestamp_us,
+            pb.CacheEvent.FromString(event).timestamp_us)
+
+
+@pytest.mark.parametrize("ts", ZERO_TS, ids=repr)
+def test_s13_52_odd_engine_ts_becomes_zero_on_the_wire(ts: float) -> None:
+    assert timestamp_us(ts) == 0
+    assert _on_the_wire(timestamp_us(ts)) == (0, 0)
+
+
+def test_s13_52_positive_ts_is_truncated_microseconds() -> None:
+    assert timestamp_us(1767225600.125) == 1_767_225_600_125_000
+    assert timestamp_us(1767225600) == 1_767_225_600_000_000  # a msgpack int ts
+    assert timestamp_us(1.9999999) == 1_999_999  # truncated, not rounded
+    assert timestamp_us(1e-6) == 1
+    top = timestamp_us(9.2e12)  # still fits int64
+    assert top == 9_200_000_000_000_000_000
+    assert _on_the_wire(top) == (top, top)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=st.floats(allow_nan=True, allow_infinity=True)
+       | st.integers(min_value=-(2**63), max_value=2**64 - 1))
+def test_s13_52_any_engine_ts_never_raises_and_stays_in_int64(ts: float) -> None:
+    us = timestamp_us(ts)
+    assert type(us) is int and 0 <= us <= INT64_MAX
+    if not ts > 0:  # ts <= 0 and NaN
+        assert us == 0
+    elif ts * 1e6 < 2**62:  # comfortably representable: int(ts x 1e6), truncated
+        assert us == int(ts * 1e6)
+    elif ts * 1e6 >= 2**63:  # does not fit the int64 field (inf included): "now"
+        assert us == 0
+    assert _on_the_wire(us) == (us, us)
+
+
 async def test_s13_42_adds_reach_the_server_before_the_eviction(
     server: RecordingServer, batch: bool,
 ) -> None:
@@ -195,6 +261,83 @@ async def test_s13_53_each_rpc_has_a_deadline(server: RecordingServer) -> None:
         await asyncio.sleep(0.02)
     server.servicer.hang = 0
     await rig.close(timeout=3.0)
+
+
+async def test_s13_53_the_default_rpc_deadline_is_5s() -> None:
+    """Spec §3.5 / §8: every RPC of the subscriber has a 5 s deadline; a client built without
+    one (as ``Subscriber.start`` builds it) uses it."""
+    assert RPC_DEADLINE == 5.0
+    client = CacheClient(f"127.0.0.1:{free_port()}")  # lazy channel: nothing connects
+    try:
+        assert client.deadline == 5.0
+    finally:
+        await client.close()
+
+
+def _hanging_reflection_server(hang: float) -> grpc.aio.Server:
+    """A loopback server whose ``ServerReflectionInfo`` accepts the call and never answers
+    within ``hang`` seconds."""
+
+    async def info(request_iterator: Any, context: Any) -> Any:
+        await asyncio.sleep(hang)
+        yield b""
+
+    srv = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "grpc.reflection.v1alpha.ServerReflection",
+        {"ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(info)},
+    ),))
+    return srv
+
+
+DEADLINE = 0.3
+
+
+async def test_s13_53_every_client_call_fails_with_deadline_exceeded_against_a_hung_server(
+    server: RecordingServer,
+) -> None:
+    """Each RPC method of ``CacheClient`` carries the client's deadline: against a server that
+    accepts the call and hangs, it ends with DEADLINE_EXCEEDED after about the deadline (a
+    shorter one than the 5 s default here, so the test is fast)."""
+    public = {n for n, f in vars(CacheClient).items()
+              if inspect.iscoroutinefunction(f) and not n.startswith("_") and n != "close"}
+    assert public == {"report", "report_many", "publish", "supports_batched_evictions"}
+    server.servicer.hang = 10.0
+    client = CacheClient(server.address, deadline=DEADLINE)
+    update = build_update(IDENT, [entry(1)], 5)
+    calls: dict[str, Any] = {
+        "report": lambda: client.report(update),
+        "report_many": lambda: client.report_many([update, update]),
+        "publish": lambda: client.publish(build_event(IDENT, PREFIX_EVICTED, 5, entry(1)[0])),
+    }
+    try:
+        for name, call in calls.items():
+            attempts = server.servicer.attempts
+            t0 = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(call(), 5.0)  # the test's own bound
+            elapsed = time.monotonic() - t0
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (name, err.value)
+            assert DEADLINE * 0.9 <= elapsed < DEADLINE + 1.5, (name, elapsed)
+            assert server.servicer.attempts == attempts + 1, name  # the server had the call
+        assert server.servicer.log == []  # nothing got through
+    finally:
+        await client.close()
+
+    # the reflection probe behind supports_batched_evictions is bounded the same way: a hung
+    # reflection service makes it answer "no" (one hash per PublishEvent) after the deadline
+    hung = _hanging_reflection_server(10.0)
+    port = hung.add_insecure_port("127.0.0.1:0")
+    await hung.start()
+    client = CacheClient(f"127.0.0.1:{port}", deadline=DEADLINE)
+    try:
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(client.supports_batched_evictions(), 5.0) is False
+        elapsed = time.monotonic() - t0
+        assert DEADLINE * 0.9 <= elapsed < DEADLINE + 1.5, elapsed
+    finally:
+        await client.close()
+        await hung.stop(grace=None)
 
 
 async def test_s13_54_unreachable_server_never_blocks_the_caller() -> None:

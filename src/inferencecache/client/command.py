@@ -18,8 +18,15 @@ import click
 import grpc
 from google.protobuf import json_format
 
-from inferencecache.cli import CONTEXT
-from inferencecache.config import DURATION, GO_BOOL, HOST_PORT, HostPort, command_options, setting
+from inferencecache.config import (
+    CONTEXT,
+    DURATION,
+    GO_BOOL,
+    HOST_PORT,
+    HostPort,
+    command_options,
+    setting,
+)
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 

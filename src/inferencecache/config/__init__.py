@@ -6,12 +6,16 @@ booleans ``--flag=true``) so existing deployment manifests keep working.
 """
 
 from inferencecache.config.options import (
+    CONTEXT,
     DURATION,
     GO_BOOL,
     HOST_PORT,
+    LOG_LEVEL,
+    LOG_LEVELS,
     ZMQ_ENDPOINT,
     command_options,
     env_name,
+    log_level_setting,
     setting,
 )
 from inferencecache.config.values import (
@@ -25,15 +29,19 @@ from inferencecache.config.values import (
 )
 
 __all__ = [
+    "CONTEXT",
     "DURATION",
     "GO_BOOL",
     "HOST_PORT",
+    "LOG_LEVEL",
+    "LOG_LEVELS",
     "ZMQ_ENDPOINT",
     "HostPort",
     "command_options",
     "env_name",
     "format_duration",
     "is_loopback_host",
+    "log_level_setting",
     "parse_duration",
     "parse_go_bool",
     "parse_host_port",

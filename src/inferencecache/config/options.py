@@ -3,7 +3,9 @@
 A binary declares ``@dataclass(frozen=True) class XSettings`` whose fields use ``setting(...)``;
 ``@command_options(XSettings)`` adds one option per field (``--field-name`` and the Go-style
 ``-field-name``), reads ``INFERENCECACHE_FIELD_NAME`` when the flag is absent, and hands the
-command a validated ``XSettings`` as its ``settings`` argument.
+command a validated ``XSettings`` as its ``settings`` argument. Every subcommand is declared
+``@click.command(name, context_settings=CONTEXT)`` so ``-h``/``--help`` and the help width are the
+same everywhere, and a binary that logs declares ``log_level: str = log_level_setting()``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
 from inferencecache.config.values import (
     HostPort,
+    format_duration,
     parse_duration,
     parse_go_bool,
     parse_host_port,
@@ -25,6 +28,12 @@ from inferencecache.config.values import (
 
 ENV_PREFIX = "INFERENCECACHE_"
 F = TypeVar("F", bound=Callable[..., Any])
+
+CONTEXT: Final[dict[str, Any]] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+"""``context_settings`` of the ``inferencecache`` group and of every subcommand."""
+
+LOG_LEVELS: Final = ("debug", "info", "warn", "warning", "error")
+"""Values of ``--log-level`` (any case; ``warn`` = ``warning``)."""
 
 
 def env_name(flag: str) -> str:
@@ -84,6 +93,7 @@ DURATION = _Duration()
 GO_BOOL = _GoBool()
 HOST_PORT = _HostPort()
 ZMQ_ENDPOINT = _ZmqEndpoint()
+LOG_LEVEL = click.Choice(LOG_LEVELS, case_sensitive=False)
 
 
 class _Option(click.Option):
@@ -110,6 +120,16 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def log_level_setting() -> Any:
+    """The ``--log-level`` field every long-running subcommand declares (one definition, so the
+    flag means the same everywhere); pass its value to ``inferencecache.logs.setup``."""
+    return setting(
+        "info",
+        param=LOG_LEVEL,
+        help="Log level: debug, info, warn or error (JSON lines on stderr).",
+    )
+
+
 def _option_for(f: dataclasses.Field[Any]) -> Callable[[F], F]:
     flag = f.name.replace("_", "-")
     meta = f.metadata
@@ -133,6 +153,9 @@ def _option_for(f: dataclasses.Field[Any]) -> Callable[[F], F]:
     elif has_default:
         kwargs["default"] = f.default
         kwargs["show_default"] = True
+        if param is DURATION and isinstance(f.default, int | float):
+            # Given (and so shown by --help) in the syntax the option accepts: 30m, not 1800.0.
+            kwargs["default"] = format_duration(f.default)
     return click.option(f"--{flag}", f"-{flag}", f.name, **kwargs)
 
 

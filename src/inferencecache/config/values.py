@@ -5,16 +5,18 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 
 _UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,  # U+00B5 micro sign
-    "μs": 1e-6,  # U+03BC greek mu
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+    "ns": Fraction(1, 10**9),
+    "us": Fraction(1, 10**6),
+    "µs": Fraction(1, 10**6),  # U+00B5 micro sign
+    "μs": Fraction(1, 10**6),  # U+03BC greek mu
+    "ms": Fraction(1, 1000),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
 }
 _PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
@@ -36,29 +38,42 @@ def parse_duration(text: str) -> float:
         return 0.0
     if not s:
         raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
+    total = Fraction(0)  # exact, so "10us" is the float nearest 1e-5 (10 * 1e-6 is not)
     pos = 0
     while pos < len(s):
         m = _PART.match(s, pos)
         if m is None:
             raise ValueError(f"invalid duration {text!r} (use a unit: ns, us, ms, s, m, h)")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
+        total += Fraction(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
-    return sign * total
+    return sign * float(total)
 
 
 def format_duration(seconds: float) -> str:
-    """Render seconds the way Go prints short durations (used in help texts and logs)."""
+    """Render seconds as a Go duration that :func:`parse_duration` reads back to ``seconds``
+    exactly (help texts show defaults this way; logs use it too): ``50ms``, ``2s``, ``30m``."""
     if seconds == 0:
         return "0s"
-    if abs(seconds) < 1:
-        ms = seconds * 1000
-        return f"{ms:g}ms"
-    if abs(seconds) < 60 or seconds % 60:
-        return f"{seconds:g}s"
-    if seconds % 3600:
-        return f"{seconds / 60:g}m"
-    return f"{seconds / 3600:g}h"
+    candidate = _short_duration(seconds)
+    if candidate is not None and parse_duration(candidate) == seconds:
+        return candidate
+    # Exact fallback: the shortest decimal that round-trips the float, never in e-notation.
+    return f"{Decimal(repr(float(seconds))):f}s"
+
+
+def _short_duration(seconds: float) -> str | None:
+    if abs(seconds) < 1e-3:
+        value, unit = seconds * 1e6, "us"
+    elif abs(seconds) < 1:
+        value, unit = seconds * 1000, "ms"
+    elif abs(seconds) < 60 or seconds % 60:
+        value, unit = seconds, "s"
+    elif seconds % 3600:
+        value, unit = seconds / 60, "m"
+    else:
+        value, unit = seconds / 3600, "h"
+    text = f"{value:g}"
+    return None if "e" in text or "n" in text else text + unit
 
 
 _TRUE = {"1", "t", "true", "TRUE", "True", "T"}

@@ -1,4 +1,9 @@
-"""``inferencecache fake-engine``: a test engine that speaks the real KV-event wire format."""
+"""``inferencecache fake-engine``: a test engine that speaks the real KV-event wire format.
+
+Start-up problems (bad flags, an unreadable ``--script``, a bad ``--tokenizer-dir``, an endpoint
+or address that cannot be bound) exit 2 with one line on stderr naming the flag, before anything
+is published.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +11,47 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import click
 import zmq.asyncio
 
 from inferencecache import logs
-from inferencecache.config import command_options, parse_host_port
+from inferencecache.config import CONTEXT, command_options, parse_host_port
 from inferencecache.engines.cache import BlockCache
 from inferencecache.engines.engine import FakeEngine
 from inferencecache.engines.metrics import EngineMetrics, MetricsPage
-from inferencecache.engines.publisher import EventPublisher
+from inferencecache.engines.publisher import BindError, EventPublisher
 from inferencecache.engines.settings import FakeEngineSettings
 from inferencecache.engines.workload import RandomWorkload, run_fixed, run_script
 from inferencecache.kvevents.encode import wire_format
 from inferencecache.subscriber.lora import parse_adapter_names
+from inferencecache.web import ListenError, bind_tcp
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+if TYPE_CHECKING:
+    from inferencecache.tokenize.openai import EngineTokenizer
 
 log = logging.getLogger("inferencecache.engines")
 
 
-async def _workload(engine: FakeEngine, s: FakeEngineSettings) -> bool:
-    """Run the chosen workload; ``True`` when the engine should exit afterwards."""
+BIND_FLAGS = {"endpoint": "--bind", "replay_endpoint": "--replay-endpoint"}
+
+
+def _bind_error(e: BindError) -> click.UsageError:
+    return click.UsageError(f"cannot bind {BIND_FLAGS[e.which]} {e.endpoint}: {e.reason}")
+
+
+async def _publish(engine: FakeEngine, s: FakeEngineSettings) -> bool:
+    """Publish what ``--mode`` asks for; ``True`` when the engine should exit afterwards."""
     if s.wait_for_subscriber:
         topic = await engine.publisher.wait_for_subscriber()
         log.info("subscriber joined", extra={"topic": topic.decode(errors="replace")})
     if s.start_delay > 0:
         await asyncio.sleep(s.start_delay)
-    log.info("workload starting", extra={"workload": s.workload})
-    if s.workload == "fixed":
+    log.info("workload starting", extra={"mode": s.mode})
+    if s.mode == "fixed":
         await run_fixed(
             engine,
             num_blocks=s.num_blocks,
@@ -44,7 +61,7 @@ async def _workload(engine: FakeEngine, s: FakeEngineSettings) -> bool:
             omit_token_ids=s.omit_token_ids,
         )
         return False
-    if s.workload == "script":
+    if s.mode == "script":
         return await run_script(engine, s.script)
     fmt = wire_format(s.wire_format)
     work = RandomWorkload(
@@ -63,11 +80,19 @@ async def _workload(engine: FakeEngine, s: FakeEngineSettings) -> bool:
     return False
 
 
-async def _main(s: FakeEngineSettings) -> int:
-    if s.workload == "simulated":
+async def _main(
+    s: FakeEngineSettings,
+    http_sock: socket.socket | None,
+    tokenizers: Mapping[str, EngineTokenizer],
+) -> int:
+    if s.mode == "simulated":
         from inferencecache.engines.openai import serve
 
-        return await serve(s)
+        assert http_sock is not None  # --mode simulated requires --http-address
+        try:
+            return await serve(s, http_sock, tokenizers)
+        except BindError as e:
+            raise _bind_error(e) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -79,15 +104,15 @@ async def _main(s: FakeEngineSettings) -> int:
     try:
         publisher.start()
         http = ""
-        if s.http_address:
-            addr = parse_host_port(s.http_address)
-            port = await page.start(addr.host, addr.port)
-            http = f"{addr.host}:{port}"
-    except (zmq.ZMQError, OSError) as e:
-        log.error("fake engine failed to start", extra={"err": str(e)})
+        if http_sock is not None:
+            port = await page.start_socket(http_sock)
+            http = f"{parse_host_port(s.http_address).host}:{port}"
+    except BaseException as e:
         await publisher.close()
         ctx.destroy(linger=0)
-        return 1
+        if isinstance(e, BindError):
+            raise _bind_error(e) from None
+        raise
     engine = FakeEngine(publisher, BlockCache(s.block_size, s.gpu_blocks), metrics)
     log.info(
         "fake engine ready",
@@ -98,10 +123,10 @@ async def _main(s: FakeEngineSettings) -> int:
             "topic": s.topic,
             "wire_format": s.wire_format,
             "block_size": s.block_size,
-            "workload": s.workload,
+            "mode": s.mode,
         },
     )
-    work = asyncio.create_task(_workload(engine, s))
+    work = asyncio.create_task(_publish(engine, s))
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
@@ -127,5 +152,33 @@ async def _main(s: FakeEngineSettings) -> int:
 @command_options(FakeEngineSettings)
 def fake_engine(settings: FakeEngineSettings) -> int:
     """Publish vLLM/SGLang-shaped KV-cache events on ZeroMQ (and vLLM metrics over HTTP)."""
-    logs.setup()
-    return asyncio.run(_main(settings))
+    logs.setup(settings.log_level)
+    s = settings
+    if s.mode == "script" and s.script != "-":
+        try:
+            with open(s.script, "rb"):
+                pass
+        except OSError as e:
+            raise click.UsageError(
+                f"cannot read --script {s.script!r}: {e.strerror or e}"
+            ) from None
+    tokenizers: dict[str, EngineTokenizer] = {}
+    if s.mode == "simulated" and s.tokenizer_dir:
+        from inferencecache.tokenize import TokenizerLoadError
+        from inferencecache.tokenize.openai import load_engine_tokenizers
+
+        try:
+            tokenizers = load_engine_tokenizers(s.tokenizer_dir)
+        except TokenizerLoadError as e:
+            raise click.UsageError(f"--tokenizer-dir: {e}") from None
+    http_sock = None
+    if s.http_address:
+        try:
+            http_sock = bind_tcp("--http-address", parse_host_port(s.http_address))
+        except ListenError as e:
+            raise click.UsageError(str(e)) from None
+    try:
+        return asyncio.run(_main(s, http_sock, tokenizers))
+    finally:
+        if http_sock is not None:
+            http_sock.close()

@@ -1,4 +1,4 @@
-"""The simulated engine server: ``inferencecache fake-engine --workload simulated``.
+"""The simulated engine server: ``inferencecache fake-engine --mode simulated``.
 
 An OpenAI-compatible engine whose "GPU" is :class:`~.simulated.EngineModel` running in real time:
 
@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Mapping
@@ -46,7 +47,6 @@ from inferencecache.tokenize.openai import (
     UnsupportedPrompt,
     chat_prompt_ids,
     completion_prompt_ids,
-    load_engine_tokenizers,
 )
 from inferencecache.web import Listener
 
@@ -314,19 +314,19 @@ def _text(n: int) -> str:
     return " x" * n
 
 
-async def serve(s: FakeEngineSettings) -> int:
-    """Run the simulated engine until SIGINT/SIGTERM; 1 when a listener cannot be bound."""
+async def serve(
+    s: FakeEngineSettings,
+    http_sock: socket.socket,
+    tokenizers: Mapping[str, EngineTokenizer] | None = None,
+) -> int:
+    """Run the simulated engine on ``http_sock`` (bound by the caller, ``--http-address``) until
+    SIGINT/SIGTERM. ``BindError`` (nothing logged, nothing left open) when the publisher's
+    endpoints cannot be bound."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    tokenizers: dict[str, EngineTokenizer] = {}
-    if s.tokenizer_dir:
-        try:
-            tokenizers = load_engine_tokenizers(s.tokenizer_dir)
-        except Exception as e:
-            log.error("cannot load --tokenizer-dir", extra={"err": str(e)})
-            return 1
+    toks = dict(tokenizers or {})
     ctx = zmq.asyncio.Context()
     publisher = EventPublisher.from_settings(ctx, s)
     metrics = EngineMetrics(s.model_name)
@@ -336,23 +336,20 @@ async def serve(s: FakeEngineSettings) -> int:
         metrics,
         model_name=s.model_name,
         adapters=parse_adapter_names(s.lora_adapters),
-        tokenizers=tokenizers,
+        tokenizers=toks,
     )
     app = web.Application(client_max_size=MAX_BODY)
     MetricsPage(metrics).routes(app)
     engine.routes(app)
     listener = Listener(app)
-    http = ""
     try:
         publisher.start()
-        addr = parse_host_port(s.http_address or "127.0.0.1:8000")
-        port = await listener.start(addr.host, addr.port)
-        http = f"{addr.host}:{port}"
-    except (zmq.ZMQError, OSError) as e:
-        log.error("simulated engine failed to start", extra={"err": str(e)})
+        port = await listener.start_socket(http_sock)
+    except BaseException:
         await publisher.close()
         ctx.destroy(linger=0)
-        return 1
+        raise
+    http = f"{parse_host_port(s.http_address).host}:{port}"
     p = engine.params
     log.info(
         "simulated engine ready",
@@ -367,7 +364,7 @@ async def serve(s: FakeEngineSettings) -> int:
             "max_num_seqs": p.max_num_seqs,
             "prefill_ms_per_token": p.prefill_ms_per_token,
             "decode_ms_per_token": p.decode_ms_per_token,
-            "tokenizers": sorted(tokenizers),
+            "tokenizers": sorted(toks),
         },
     )
     await stop.wait()

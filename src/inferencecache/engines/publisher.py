@@ -48,6 +48,17 @@ DEFAULT_BUFFER_STEPS: Final = 10_000
 DEFAULT_HWM: Final = 100_000
 
 
+class BindError(Exception):
+    """An endpoint could not be bound: ``which`` is ``"endpoint"`` (the PUB socket) or
+    ``"replay_endpoint"`` (the replay ROUTER), ``reason`` ZeroMQ's error text."""
+
+    def __init__(self, which: str, endpoint: str, reason: str) -> None:
+        super().__init__(f"cannot bind {endpoint}: {reason}")
+        self.which = which
+        self.endpoint = endpoint
+        self.reason = reason
+
+
 class EventPublisher:
     """PUB socket + seq + replay buffer (+ replay ROUTER) for one engine (one DP rank)."""
 
@@ -105,18 +116,31 @@ class EventPublisher:
         )
 
     def start(self) -> None:
-        """Bind the PUB (and the replay ROUTER); resolves ``:*`` / ``:0`` ports."""
+        """Bind the PUB (and the replay ROUTER); resolves ``:*`` / ``:0`` ports. ``BindError``
+        when an endpoint cannot be bound (nothing is left bound then)."""
         pub = self.ctx.socket(zmq.XPUB if self.see_subscribers else zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.hwm)
-        self.endpoint = _bind(pub, self.requested_endpoint)
+        try:
+            self.endpoint = _bind(pub, self.requested_endpoint)
+        except zmq.ZMQError as e:
+            pub.close(linger=0)
+            raise BindError("endpoint", self.requested_endpoint, _reason(e)) from e
         self._pub = pub
         self._raw_pub = zmq.Socket.shadow(pub.underlying)
         if self.requested_replay_endpoint:
             router = self.ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.SNDHWM, 0)  # unlimited: never drop replayed batches
-            self.replay_endpoint = _bind(router, self.requested_replay_endpoint)
+            try:
+                self.replay_endpoint = _bind(router, self.requested_replay_endpoint)
+            except zmq.ZMQError as e:
+                router.close(linger=0)
+                pub.close(linger=0)
+                self._pub = self._raw_pub = None
+                self.endpoint = ""
+                endpoint = self.requested_replay_endpoint
+                raise BindError("replay_endpoint", endpoint, _reason(e)) from e
             self._router = router
             self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay())
 
@@ -243,6 +267,11 @@ class EventPublisher:
                     sent += 1
             await router.send_multipart(replay_end(identity, with_topic))
             log.info("served replay", extra={"start_seq": start, "batches": sent})
+
+
+def _reason(e: zmq.ZMQError) -> str:
+    """ZeroMQ's error text without pyzmq's ``(addr=...)`` suffix (the caller names the address)."""
+    return zmq.strerror(e.errno) if e.errno is not None else str(e)
 
 
 def _bind(sock: zmq.asyncio.Socket, endpoint: str) -> str:

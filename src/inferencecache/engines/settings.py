@@ -5,12 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from inferencecache.config import DURATION, GO_BOOL, ZMQ_ENDPOINT, parse_host_port, setting
+from inferencecache.config import (
+    DURATION,
+    GO_BOOL,
+    ZMQ_ENDPOINT,
+    log_level_setting,
+    parse_host_port,
+    setting,
+)
+from inferencecache.engines.simulated import (
+    DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PREFILL_BASE_MS,
+    DEFAULT_PREFILL_MS_PER_TOKEN,
+)
 from inferencecache.kvevents.encode import DEFAULT_FORMAT, FORMATS
 from inferencecache.subscriber.lora import parse_adapter_names
 from inferencecache.subscriber.settings import GO_INT
 
-WORKLOADS: Final = ("fixed", "random", "script", "simulated")
+MODES: Final = ("fixed", "random", "script", "simulated")
+"""What ``--mode`` selects: the event source (``--workload`` is demo/simulate's traffic mix)."""
 MAX_FIXED_TOKENS: Final = 1 << 24
 
 
@@ -26,10 +40,10 @@ class FakeEngineSettings:
     wire_format: str = setting(
         DEFAULT_FORMAT, help=f"Engine release whose wire shape to write: {', '.join(FORMATS)}."
     )
-    workload: str = setting(
+    mode: str = setting(
         "fixed",
-        help="fixed (the origin's batch), random, script, or simulated (an OpenAI-compatible "
-        "engine over an LRU block cache, docs/demo.md).",
+        help="What the engine does: fixed (the origin's batch), random, script, or simulated (an "
+        "OpenAI-compatible engine over an LRU block cache, docs/demo.md).",
     )
     num_blocks: int = setting(1, param=GO_INT, help="fixed: blocks in the batch.")
     events: int = setting(1, param=GO_INT, help="fixed: chained BlockStored events.")
@@ -56,10 +70,10 @@ class FakeEngineSettings:
         False, param=GO_BOOL, help="random: encode every batch first, then only publish."
     )
     wait_for_subscriber: bool = setting(
-        False, param=GO_BOOL, help="Start the workload only once a subscriber is listening."
+        False, param=GO_BOOL, help="Start publishing only once a subscriber is listening."
     )
     start_delay: float = setting(
-        0.0, param=DURATION, help="Wait this long after binding before the workload starts."
+        0.0, param=DURATION, help="Wait this long after binding before publishing starts."
     )
     replay_endpoint: str = setting("", param=ZMQ_ENDPOINT, help="Replay ROUTER endpoint to bind.")
     buffer_steps: int = setting(10000, param=GO_INT, help="Batches kept for replay.")
@@ -70,18 +84,24 @@ class FakeEngineSettings:
         "fake-model", help="model_name label of the metrics (simulated: the served model)."
     )
     data_parallel_rank: int = setting(0, param=GO_INT, help="Rank written in the envelope.")
-    # --workload simulated (engines/openai.py, docs/demo.md)
-    max_num_seqs: int = setting(16, param=GO_INT, help="simulated: concurrent sequences.")
-    prefill_ms_per_token: float = setting(
-        0.05, help="simulated: prefill time per uncached prompt token (ms)."
+    # --mode simulated (engines/openai.py, docs/demo.md)
+    max_num_seqs: int = setting(
+        DEFAULT_MAX_NUM_SEQS, param=GO_INT, help="simulated: concurrent sequences."
     )
-    prefill_base_ms: float = setting(1.0, help="simulated: fixed cost of each prefill (ms).")
+    prefill_ms_per_token: float = setting(
+        DEFAULT_PREFILL_MS_PER_TOKEN, help="simulated: prefill time per uncached prompt token (ms)."
+    )
+    prefill_base_ms: float = setting(
+        DEFAULT_PREFILL_BASE_MS, help="simulated: fixed cost of each prefill (ms)."
+    )
     decode_ms_per_token: float = setting(
-        2.0, help="simulated: decode time per output token after the first (ms)."
+        DEFAULT_DECODE_MS_PER_TOKEN,
+        help="simulated: decode time per output token after the first (ms).",
     )
     tokenizer_dir: str = setting(
         "", help="simulated: <model>/tokenizer.json directory for text prompts (as the gateway's)."
     )
+    log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -90,20 +110,18 @@ class FakeEngineSettings:
             raise ValueError(
                 f"--wire-format: unknown {self.wire_format!r} (choose from {', '.join(FORMATS)})"
             )
-        if self.workload not in WORKLOADS:
-            raise ValueError(
-                f"--workload: want fixed, random, script or simulated, got {self.workload!r}"
-            )
-        if self.workload == "simulated":
+        if self.mode not in MODES:
+            raise ValueError(f"--mode: want fixed, random, script or simulated, got {self.mode!r}")
+        if self.mode == "simulated":
             if not self.http_address:
-                raise ValueError("--http-address: required with --workload simulated")
+                raise ValueError("--http-address: required with --mode simulated")
             if self.max_num_seqs < 1:
                 raise ValueError(f"--max-num-seqs: must be >= 1, got {self.max_num_seqs}")
             for name in ("prefill_ms_per_token", "prefill_base_ms", "decode_ms_per_token"):
                 value = getattr(self, name)
                 if not 0 <= value < float("inf"):
                     raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value}")
-        if self.workload == "fixed":
+        if self.mode == "fixed":
             if self.num_blocks < 1:
                 raise ValueError(f"--num-blocks: must be >= 1, got {self.num_blocks}")
             if not 1 <= self.events <= self.num_blocks:
@@ -119,8 +137,8 @@ class FakeEngineSettings:
                 raise ValueError("--interval: must be positive")
         elif self.interval < 0:
             raise ValueError("--interval: must not be negative")
-        if self.workload == "script" and not self.script:
-            raise ValueError("--script: required with --workload script")
+        if self.mode == "script" and not self.script:
+            raise ValueError("--script: required with --mode script")
         for name in ("steps", "gpu_blocks", "clear_every", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must not be negative")
@@ -131,8 +149,8 @@ class FakeEngineSettings:
             raise ValueError("--prefix-blocks: must not be negative")
         if not 0.0 <= self.lora_fraction <= 1.0:
             raise ValueError("--lora-fraction: must be in [0, 1]")
-        if self.precompute and (self.workload != "random" or not self.steps):
-            raise ValueError("--precompute: needs --workload random and --steps > 0")
+        if self.precompute and (self.mode != "random" or not self.steps):
+            raise ValueError("--precompute: needs --mode random and --steps > 0")
         if self.start_delay < 0:
             raise ValueError("--start-delay: must not be negative")
         if self.rate < 0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import xxhash
 
@@ -31,6 +31,13 @@ from inferencecache.engines.cache import BlockCache, Inserted
 from inferencecache.fingerprint import prefix_hashes
 
 ENGINE_SALT = b"inferencecache-sim-engine\x00"
+
+# Defaults of the engine-model flags, the same in every command that has them (``fake-engine
+# --mode simulated``, ``demo``, ``simulate``); docs/demo.md's results were measured with them.
+DEFAULT_MAX_NUM_SEQS: Final = 16
+DEFAULT_PREFILL_MS_PER_TOKEN: Final = 0.1
+DEFAULT_PREFILL_BASE_MS: Final = 1.0  # scheduling, sampling
+DEFAULT_DECODE_MS_PER_TOKEN: Final = 2.0
 
 K = TypeVar("K")
 
@@ -147,14 +154,14 @@ class EngineFlags(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class EngineParams:
-    """Shape of one simulated replica (the ``fake-engine --workload simulated`` flags)."""
+    """Shape of one simulated replica (the ``fake-engine --mode simulated`` flags)."""
 
     block_size: int = 16
     num_blocks: int = 2048  # cache capacity in blocks (0 = unbounded)
-    max_num_seqs: int = 16
-    prefill_ms_per_token: float = 0.05
-    decode_ms_per_token: float = 2.0
-    prefill_base_ms: float = 1.0  # per-request fixed cost of a prefill (scheduling, sampling)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    prefill_ms_per_token: float = DEFAULT_PREFILL_MS_PER_TOKEN
+    decode_ms_per_token: float = DEFAULT_DECODE_MS_PER_TOKEN
+    prefill_base_ms: float = DEFAULT_PREFILL_BASE_MS  # per-request fixed cost of a prefill
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -29,29 +29,21 @@ MAX_U32 = 0xFFFFFFFF
 
 IMPLEMENTATION: Literal["native", "python"]
 if accelerators.load("inferencecache.fingerprint._native") is not None:
-    from ._native import (
-        chain,
-        chain_from_varints,
-        chain_packed,
-        decode_varints,
-        prefix_hashes,
-        split_packed,
-        varint_count,
-    )
+    from . import _native as _active
 
     IMPLEMENTATION = "native"
-else:
-    from .pure import (
-        chain,
-        chain_from_varints,
-        chain_packed,
-        decode_varints,
-        prefix_hashes,
-        split_packed,
-        varint_count,
-    )
+else:  # same API (tests/fingerprint/test_selection.py compares the signatures)
+    from . import pure as _active  # type: ignore[no-redef]
 
     IMPLEMENTATION = "python"
+
+chain = _active.chain
+chain_from_varints = _active.chain_from_varints
+chain_packed = _active.chain_packed
+decode_varints = _active.decode_varints
+prefix_hashes = _active.prefix_hashes
+split_packed = _active.split_packed
+varint_count = _active.varint_count
 
 
 def to_bytes(h: int) -> bytes:

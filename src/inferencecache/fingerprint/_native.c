@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_pyargs.h"
 #include "_varint.h"
 #include "xxh3.h"
 
@@ -25,50 +26,8 @@
 #define FP_STACK_BYTES 8192
 
 /* ======================================================================================= */
-/* Argument parsing (METH_FASTCALL | METH_KEYWORDS, positional or keyword)                 */
+/* Argument parsing (METH_FASTCALL | METH_KEYWORDS, positional or keyword: _pyargs.h)      */
 /* ======================================================================================= */
-
-/* Fill out[0..n) from positional args then keywords; out[i] stays NULL when not given.
- * The first `required` parameters must be present. */
-static int parse_args(const char *fname, const char *const *names, int n, int required,
-                      PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
-    for (int i = 0; i < n; i++) out[i] = NULL;
-    if (nargs > n) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, n, nargs);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
-    if (kwnames != NULL) {
-        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t k = 0; k < nkw; k++) {
-            PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-            int found = 0;
-            for (int i = 0; i < n; i++) {
-                if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
-                    if (out[i] != NULL) {
-                        PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
-                                     fname, names[i]);
-                        return -1;
-                    }
-                    out[i] = args[nargs + k];
-                    found = 1;
-                    break;
-                }
-            }
-            if (!found) {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
-                return -1;
-            }
-        }
-    }
-    for (int i = 0; i < required; i++) {
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* block_size: any int (via __index__). Sizes beyond what memory could hold are clamped, since
  * they can never fill a block; negative ones become 0 (no output). */
@@ -193,18 +152,10 @@ enum { TOK_OBJECTS, TOK_LE32, TOK_BE32 };
 typedef struct {
     int kind;
     Py_ssize_t count;
-    PyObject *seq;     /* TOK_OBJECTS: owned reference to a list or tuple */
-    Py_buffer view;    /* TOK_LE32/TOK_BE32: the exported buffer */
-    int has_view;
+    ic_input in; /* TOK_OBJECTS: in.seq, an owned list or tuple; TOK_LE32/TOK_BE32: in.view */
 } tokens_t;
 
-static void tokens_release(tokens_t *t) {
-    Py_CLEAR(t->seq);
-    if (t->has_view) {
-        PyBuffer_Release(&t->view);
-        t->has_view = 0;
-    }
-}
+static void tokens_release(tokens_t *t) { ic_input_release(&t->in); }
 
 /* Byte order of a buffer format "I"/"L" of itemsize 4, possibly with a struct prefix. Returns
  * TOK_LE32/TOK_BE32, or -1 for "raw bytes" formats, or -2 for any other format. */
@@ -233,41 +184,40 @@ static int tokens_open(PyObject *obj, tokens_t *t) {
     memset(t, 0, sizeof(*t));
     if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
         Py_INCREF(obj);
-        t->seq = obj;
+        t->in.seq = obj;
         t->kind = TOK_OBJECTS;
         t->count = PySequence_Fast_GET_SIZE(obj);
         return 0;
     }
     if (PyObject_CheckBuffer(obj)) {
-        if (PyObject_GetBuffer(obj, &t->view, PyBUF_RECORDS_RO) < 0) return -1;
-        t->has_view = 1;
-        int cls = classify_format(t->view.format, t->view.itemsize);
+        if (ic_input_view(&t->in, obj, PyBUF_RECORDS_RO) < 0) return -1;
+        int cls = classify_format(t->in.view.format, t->in.view.itemsize);
         if (cls != -2) {
-            if (t->view.ndim != 1 || !PyBuffer_IsContiguous(&t->view, 'C')) {
+            if (t->in.view.ndim != 1 || !PyBuffer_IsContiguous(&t->in.view, 'C')) {
                 PyErr_SetString(PyExc_TypeError, "a token buffer must be one-dimensional and contiguous");
                 tokens_release(t);
                 return -1;
             }
             if (cls == -1) {
-                if (t->view.len % 4 != 0) {
+                if (t->in.view.len % 4 != 0) {
                     PyErr_Format(PyExc_ValueError,
                                  "a token byte buffer holds little-endian u32 ids; its length %zd "
                                  "is not a multiple of 4",
-                                 t->view.len);
+                                 t->in.view.len);
                     tokens_release(t);
                     return -1;
                 }
                 cls = TOK_LE32;
             }
             t->kind = cls;
-            t->count = t->view.len / 4;
+            t->count = t->in.view.len / 4;
             return 0;
         }
         tokens_release(t);
     }
     PyObject *list = PySequence_List(obj);
     if (list == NULL) return -1;
-    t->seq = list;
+    t->in.seq = list;
     t->kind = TOK_OBJECTS;
     t->count = PyList_GET_SIZE(list);
     return 0;
@@ -276,12 +226,12 @@ static int tokens_open(PyObject *obj, tokens_t *t) {
 /* Pointer to the first n tokens as le32 bytes: the buffer itself when it already is that,
  * else converted into scratch (n * 4 bytes). */
 static const uint8_t *tokens_le32(tokens_t *t, Py_ssize_t n, uint8_t *scratch) {
-    if (t->kind == TOK_LE32 && PY_LITTLE_ENDIAN) return (const uint8_t *)t->view.buf;
+    if (t->kind == TOK_LE32 && PY_LITTLE_ENDIAN) return (const uint8_t *)t->in.view.buf;
     if (t->kind == TOK_OBJECTS) {
-        if (convert_objects(t->seq, n, scratch) < 0) return NULL;
+        if (convert_objects(t->in.seq, n, scratch) < 0) return NULL;
         return scratch;
     }
-    const uint8_t *src = (const uint8_t *)t->view.buf;
+    const uint8_t *src = (const uint8_t *)t->in.view.buf;
     if (t->kind == TOK_LE32) {
         memcpy(scratch, src, (size_t)n * 4);
     } else {
@@ -436,7 +386,7 @@ PyDoc_STRVAR(prefix_hashes_doc,
 static PyObject *py_prefix_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn) {
     (void)self;
     PyObject *a[3];
-    if (parse_args("prefix_hashes", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
+    if (ic_parse_args("prefix_hashes", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
     return fingerprint_tokens(a[0], a[1], a[2], OUT_INTS);
 }
 
@@ -447,7 +397,7 @@ PyDoc_STRVAR(chain_packed_doc,
 static PyObject *py_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn) {
     (void)self;
     PyObject *a[3];
-    if (parse_args("chain_packed", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
+    if (ic_parse_args("chain_packed", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
     return fingerprint_tokens(a[0], a[1], a[2], OUT_PACKED);
 }
 
@@ -459,7 +409,7 @@ PyDoc_STRVAR(chain_doc,
 static PyObject *py_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn) {
     (void)self;
     PyObject *a[3];
-    if (parse_args("chain", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
+    if (ic_parse_args("chain", kw_tokens, 3, 2, args, nargs, kwn, a) < 0) return NULL;
     return fingerprint_tokens(a[0], a[1], a[2], OUT_CHAIN);
 }
 
@@ -657,7 +607,7 @@ static PyObject *py_chain_from_varints(PyObject *self, PyObject *const *args, Py
                                        PyObject *kwn) {
     (void)self;
     PyObject *a[3];
-    if (parse_args("chain_from_varints", kw_varints, 3, 2, args, nargs, kwn, a) < 0) return NULL;
+    if (ic_parse_args("chain_from_varints", kw_varints, 3, 2, args, nargs, kwn, a) < 0) return NULL;
     Py_ssize_t block_size;
     int has_parent;
     uint64_t parent;
@@ -733,7 +683,7 @@ PyDoc_STRVAR(xxh3_64_doc,
 static PyObject *py_xxh3_64(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn) {
     (void)self;
     PyObject *a[2];
-    if (parse_args("xxh3_64", kw_xxh3, 2, 1, args, nargs, kwn, a) < 0) return NULL;
+    if (ic_parse_args("xxh3_64", kw_xxh3, 2, 1, args, nargs, kwn, a) < 0) return NULL;
     uint64_t seed = 0;
     if (a[1] != NULL) {
         int has;

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from inferencecache import logs
-from inferencecache.cli import CONTEXT
-from inferencecache.config import command_options
+from inferencecache.config import CONTEXT, command_options
 from inferencecache.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -30,14 +29,14 @@ log = logging.getLogger("inferencecache.gateway")
 @command_options(GatewaySettings)
 def gateway(settings: GatewaySettings) -> int:
     """OpenAI-compatible proxy that routes each request to the engine holding its prefix."""
-    logs.setup(settings.python_log_level)
+    logs.setup(settings.log_level)
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    from inferencecache.server.app import ListenError, bind_tcp
     from inferencecache.tokenize import TokenizerLoadError
     from inferencecache.tokenize.openai import load_engine_tokenizers
+    from inferencecache.web import ListenError, bind_tcp
 
     tokenizers: dict[str, EngineTokenizer] = {}
     if settings.tokenizer_dir:

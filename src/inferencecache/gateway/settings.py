@@ -9,13 +9,19 @@ from urllib.parse import urlsplit
 
 import click
 
-from inferencecache.config import DURATION, GO_BOOL, HOST_PORT, HostPort, setting
+from inferencecache.config import (
+    DURATION,
+    GO_BOOL,
+    HOST_PORT,
+    HostPort,
+    log_level_setting,
+    setting,
+)
 from inferencecache.routing.model import RoutingPolicy
 from inferencecache.routing.registry import POLICY_NAMES, guard_params, make_policy, parse_params
 
 DEFAULT_HTTP_ADDRESS: Final = HostPort("127.0.0.1", 8090)
 DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
-LOG_LEVELS: Final = ("debug", "info", "warn", "warning", "error")
 _HEADER: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 
@@ -150,9 +156,7 @@ class GatewaySettings:
     max_body_bytes: int = setting(
         32 * 1024 * 1024, help="Largest request body accepted (larger: 413)."
     )
-    log_level: str = setting(
-        "info", param=click.Choice(LOG_LEVELS, case_sensitive=False), help="Log level."
-    )
+    log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
         try:
@@ -211,8 +215,3 @@ class GatewaySettings:
     def build_policy(self) -> RoutingPolicy:
         """A fresh policy as configured (ValueError for bad parameters)."""
         return make_policy(self.routing_policy, **self.effective_policy_params)
-
-    @property
-    def python_log_level(self) -> str:
-        level = self.log_level.upper()
-        return "WARNING" if level == "WARN" else level

@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_pyargs.h"
 #include "_rank.h"
 
 #if defined(__linux__)
@@ -638,45 +639,11 @@ static PyObject *slot_key(const BlockMap *m, const Slot *s) {
 /* Argument helpers                                                                        */
 /* ======================================================================================= */
 
-static int parse_args(const char *fname, const char *const *names, int n, PyObject *const *args,
-                      Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
-    for (int i = 0; i < n; i++) out[i] = NULL;
-    if (nargs > n) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", fname, n, nargs);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
-    if (kwnames != NULL) {
-        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t k = 0; k < nkw; k++) {
-            PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-            int found = 0;
-            for (int i = 0; i < n; i++) {
-                if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
-                    if (out[i] != NULL) {
-                        PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
-                                     fname, names[i]);
-                        return -1;
-                    }
-                    out[i] = args[nargs + k];
-                    found = 1;
-                    break;
-                }
-            }
-            if (!found) {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
-                             fname, key);
-                return -1;
-            }
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
-            return -1;
-        }
-    }
-    return 0;
+/* Every parameter of a BlockMap method is required (parsing: _pyargs.h). */
+static inline int parse_args(const char *fname, const char *const *names, int n,
+                             PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                             PyObject **out) {
+    return ic_parse_args(fname, names, n, n, args, nargs, kwnames, out);
 }
 
 /* Integer argument in [lo, hi]; OverflowError outside (the store has fixed-width fields). */
@@ -699,6 +666,17 @@ static int as_clamped(PyObject *o, long long *out) {
     if (v == -1 && PyErr_Occurred()) return -1;
     *out = overflow > 0 ? LLONG_MAX : overflow < 0 ? LLONG_MIN : v;
     return 0;
+}
+
+/* A replica that may be outside the stored range (then it holds nothing): 1 with *out, 0 when
+ * outside, -1 with an exception set when o is not an int. */
+static int as_held_rep1(PyObject *o, uint32_t *out) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return 0;
+    *out = (uint32_t)v + 1;
+    return 1;
 }
 
 static int as_rep1(PyObject *o, uint32_t *out) {
@@ -738,41 +716,34 @@ typedef struct {
     const char *packed;
     PyObject *const *items;
     Py_ssize_t n;
-    PyObject *seq; /* owned (PySequence_Fast result) */
-    Py_buffer view;
-    int has_view;
+    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
 } Keys;
 
-static void keys_close(Keys *k) {
-    Py_CLEAR(k->seq);
-    if (k->has_view) {
-        PyBuffer_Release(&k->view);
-        k->has_view = 0;
-    }
+/* The items of a sequence argument, held by in: a list or tuple as it is, anything else
+ * through PySequence_Fast (error message msg). */
+static int input_items(ic_input *in, PyObject *obj, const char *msg, PyObject *const **items,
+                       Py_ssize_t *n) {
+    in->seq = PySequence_Fast(obj, msg);
+    if (in->seq == NULL) return -1;
+    *items = PySequence_Fast_ITEMS(in->seq);
+    *n = PySequence_Fast_GET_SIZE(in->seq);
+    return 0;
 }
 
 static int keys_open(PyObject *obj, Keys *k) {
     memset(k, 0, sizeof(*k));
-    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
-        k->seq = Py_NewRef(obj);
-    } else if (PyBytes_Check(obj)) {
+    if (PyBytes_Check(obj)) {
         k->packed = PyBytes_AS_STRING(obj);
         k->n = PyBytes_GET_SIZE(obj);
     } else if (PyObject_CheckBuffer(obj)) {
-        if (PyObject_GetBuffer(obj, &k->view, PyBUF_SIMPLE) < 0) return -1;
-        k->has_view = 1;
-        k->packed = (const char *)k->view.buf;
-        k->n = k->view.len;
+        if (ic_input_view(&k->in, obj, PyBUF_SIMPLE) < 0) return -1;
+        k->packed = (const char *)k->in.view.buf;
+        k->n = k->in.view.len;
     } else {
-        k->seq = PySequence_Fast(obj, "keys must be a sequence of bytes or packed 8-byte keys");
-        if (k->seq == NULL) return -1;
+        return input_items(&k->in, obj, "keys must be a sequence of bytes or packed 8-byte keys",
+                           &k->items, &k->n);
     }
-    if (k->packed != NULL || k->has_view) {
-        k->n /= 8; /* a trailing partial key is ignored, as by the pure-Python twin */
-    } else {
-        k->items = PySequence_Fast_ITEMS(k->seq);
-        k->n = PySequence_Fast_GET_SIZE(k->seq);
-    }
+    k->n /= 8; /* a trailing partial key is ignored, as by the pure-Python twin */
     return 0;
 }
 
@@ -886,15 +857,43 @@ static RMEntry *rmap_get(RMap *r, uint32_t rep1) {
     return &r->e[i];
 }
 
+/* {replica: a}, or {replica: (a, b)} when pairs; NULL with an exception set. */
+static PyObject *rmap_dict(const RMap *r, int pairs) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (size_t k = 0; k < r->cap; k++) {
+        const RMEntry *e = &r->e[k];
+        if (e->rep1 == 0) continue;
+        PyObject *key = PyLong_FromUnsignedLong((unsigned long)(e->rep1 - 1));
+        PyObject *val = pairs ? Py_BuildValue("(LL)", (long long)e->a, (long long)e->b)
+                              : PyLong_FromLongLong((long long)e->a);
+        if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(val);
+    }
+    return d;
+}
+
 /* ======================================================================================= */
 /* BlockMap: lifecycle                                                                     */
 /* ======================================================================================= */
 
-static int bm_enter(BlockMap *m) {
+/* 0, or -1 with RuntimeError while another call runs (see the module doc). */
+static int bm_check_idle(const BlockMap *m) {
     if (BM_UNLIKELY(m->busy)) {
         PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
         return -1;
     }
+    return 0;
+}
+
+static int bm_enter(BlockMap *m) {
+    if (bm_check_idle(m) < 0) return -1;
     m->busy = 1;
     return 0;
 }
@@ -972,10 +971,7 @@ static PyObject *BM_tune_candidates(BlockMap *m, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_tune_candidates: both values must be >= 1");
         return NULL;
     }
-    if (m->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
-        return NULL;
-    }
+    if (bm_check_idle(m) < 0) return NULL;
     m->cc_min = (size_t)cmin;
     m->cc_factor = (size_t)factor;
     cc_free(m);
@@ -1091,7 +1087,7 @@ static PyObject *BM_upsert_many(BlockMap *m, PyObject *const *args, Py_ssize_t n
 done:
     PyMem_RawFree(tok);
     Py_XDECREF(tseq);
-    keys_close(&ks);
+    ic_input_release(&ks.in);
     return result;
 }
 
@@ -1254,49 +1250,32 @@ static inline int count_value(PyObject *o, Py_ssize_t i, uint32_t *out) {
 /* A walk's request counts: a list/tuple (or any sequence) of ints, or packed: `bytes` of
  * one-byte counts (the server's wire form of one-byte varints) or an array('i'). */
 typedef struct {
-    PyObject *seq; /* owned list/tuple (object counts), else NULL */
-    PyObject *const *items;
+    PyObject *const *items; /* object counts (in.seq), else NULL */
     const uint8_t *u8;
     const int32_t *i32;
-    Py_buffer view;
-    int has_view;
     Py_ssize_t n;
+    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
 } Counts;
-
-static void counts_close(Counts *c) {
-    Py_CLEAR(c->seq);
-    if (c->has_view) {
-        PyBuffer_Release(&c->view);
-        c->has_view = 0;
-    }
-}
 
 static int counts_open(PyObject *obj, Counts *c) {
     memset(c, 0, sizeof(*c));
-    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
-        c->seq = Py_NewRef(obj);
-    } else if (PyBytes_CheckExact(obj)) {
+    if (PyBytes_CheckExact(obj)) {
         c->u8 = (const uint8_t *)PyBytes_AS_STRING(obj);
         c->n = PyBytes_GET_SIZE(obj);
         return 0;
-    } else if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyByteArray_Check(obj)) {
-        if (PyObject_GetBuffer(obj, &c->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
-        c->has_view = 1;
-        const char *f = c->view.format;
-        if (c->view.itemsize == 4 && sizeof(int) == 4 && f != NULL && strcmp(f, "i") == 0) {
-            c->i32 = (const int32_t *)c->view.buf;
-            c->n = c->view.len / 4;
+    }
+    if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyByteArray_Check(obj)) {
+        if (ic_input_view(&c->in, obj, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+        const Py_buffer *v = &c->in.view;
+        if (v->itemsize == 4 && sizeof(int) == 4 && v->format != NULL &&
+            strcmp(v->format, "i") == 0) {
+            c->i32 = (const int32_t *)v->buf;
+            c->n = v->len / 4;
             return 0;
         }
-        counts_close(c);
+        ic_input_release(&c->in);
     }
-    if (c->seq == NULL) {
-        c->seq = PySequence_Fast(obj, "counts must be a sequence of int");
-        if (c->seq == NULL) return -1;
-    }
-    c->items = PySequence_Fast_ITEMS(c->seq);
-    c->n = PySequence_Fast_GET_SIZE(c->seq);
-    return 0;
+    return input_items(&c->in, obj, "counts must be a sequence of int", &c->items, &c->n);
 }
 
 /* Stage A of the pipeline for block j: hash, remember, prefetch the home slot's lines. */
@@ -1469,7 +1448,7 @@ static int walk_collect(BlockMap *m, PyObject *keys, PyObject *counts, PyObject 
     if (counts_open(counts, &cs) < 0) return -1;
     Keys ks;
     if (keys_open(keys, &ks) < 0) {
-        counts_close(&cs);
+        ic_input_release(&cs.in);
         return -1;
     }
     int rc = -1;
@@ -1482,8 +1461,8 @@ static int walk_collect(BlockMap *m, PyObject *keys, PyObject *counts, PyObject 
                                    : walk_core(m, &ks, &cs, fresh, 0, t, local);
         m->busy = 0;
     }
-    keys_close(&ks);
-    counts_close(&cs);
+    ic_input_release(&ks.in);
+    ic_input_release(&cs.in);
     return rc;
 }
 
@@ -1606,14 +1585,9 @@ static PyObject *BM_credit(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
     long long blocks;
     if (as_clamped(a[1], &blocks) < 0) return NULL;
     uint32_t rep1;
-    {
-        /* A replica outside the stored range holds nothing: nothing to credit. */
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        if (overflow != 0 || v < 0 || v > (long long)REP_MAX) Py_RETURN_NONE;
-        rep1 = (uint32_t)v + 1;
-    }
+    int held = as_held_rep1(a[2], &rep1);
+    if (held < 0) return NULL;
+    if (!held) Py_RETURN_NONE; /* nothing to credit */
     Keys ks;
     if (keys_open(a[0], &ks) < 0) return NULL;
     PyObject *result = NULL;
@@ -1655,7 +1629,7 @@ static PyObject *BM_credit(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
         if (!failed) result = Py_NewRef(Py_None);
     }
 done:
-    keys_close(&ks);
+    ic_input_release(&ks.in);
     return result;
 }
 
@@ -1704,11 +1678,10 @@ static PyObject *BM_remove_hold(BlockMap *m, PyObject *const *args, Py_ssize_t n
     const char *kp;
     Py_ssize_t kl;
     if (key_view(a[0], &kp, &kl) < 0) return NULL;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return PyLong_FromLong(0);
-    uint32_t rep1 = (uint32_t)v + 1;
+    uint32_t rep1;
+    int held = as_held_rep1(a[1], &rep1);
+    if (held < 0) return NULL;
+    if (!held) return PyLong_FromLong(0);
     if (bm_enter(m) < 0) return NULL;
     PyObject *dropped = NULL;
     int bits = bm_remove_one(m, kp, kl, rep1, &dropped);
@@ -1727,9 +1700,9 @@ static PyObject *BM_remove_holds(BlockMap *m, PyObject *const *args, Py_ssize_t 
     PyObject *a[2];
     if (parse_args("remove_holds", remove_holds_names, 2, args, nargs, kwnames, a) < 0)
         return NULL;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
-    if (v == -1 && PyErr_Occurred()) return NULL;
+    uint32_t rep1;
+    int held = as_held_rep1(a[1], &rep1);
+    if (held < 0) return NULL;
     Keys ks;
     if (keys_open(a[0], &ks) < 0) return NULL;
     PyObject *result = NULL;
@@ -1742,7 +1715,7 @@ static PyObject *BM_remove_holds(BlockMap *m, PyObject *const *args, Py_ssize_t 
             if (key_view(ks.items[i], &kp, &kl) < 0) goto done;
         }
     }
-    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) { /* no such replica: nothing held */
+    if (!held) { /* no such replica: nothing held */
         result = Py_BuildValue("(nn)", (Py_ssize_t)0, (Py_ssize_t)0);
         goto done;
     }
@@ -1750,7 +1723,6 @@ static PyObject *BM_remove_holds(BlockMap *m, PyObject *const *args, Py_ssize_t 
     if (dropped_all == NULL) goto done;
     if (bm_enter(m) < 0) goto done;
     {
-        uint32_t rep1 = (uint32_t)v + 1;
         Py_ssize_t holds = 0, keys = 0;
         int failed = 0;
         for (Py_ssize_t i = 0; i < ks.n; i++) {
@@ -1773,7 +1745,7 @@ static PyObject *BM_remove_holds(BlockMap *m, PyObject *const *args, Py_ssize_t 
     }
 done:
     Py_XDECREF(dropped_all);
-    keys_close(&ks);
+    ic_input_release(&ks.in);
     return result;
 }
 
@@ -1826,9 +1798,9 @@ static PyObject *BM_remove_key(BlockMap *m, PyObject *const *args, Py_ssize_t na
 
 /* ---- scans that remove (sweep, remove_replica) ---- */
 
-/* Remove every hold with last_seen <= stale (mode 0) or of replica rep1 (mode 1). Slots are
- * scanned in order; a backward shift only moves holds already looked at, or moves a later
- * hold into the current slot, which is then looked at again. */
+/* Remove every hold with last_seen <= stale (mode 0) or of replica rep1 (mode 1), then give
+ * memory back. Slots are scanned in order; a backward shift only moves holds already looked
+ * at, or moves a later hold into the current slot, which is then looked at again. */
 static int bm_prune(BlockMap *m, int mode, int64_t stale, uint32_t rep1, RMap *per,
                     size_t *holds_removed, size_t *keys_removed) {
 #define DOOMED(x) (mode == 0 ? (x)->last_seen <= stale : (x)->rep1 == rep1)
@@ -1888,6 +1860,10 @@ static int bm_prune(BlockMap *m, int mode, int64_t stale, uint32_t rep1, RMap *p
         i++;
     }
 out:
+    if (*holds_removed) {
+        qc_free(m); /* surviving keys' newest may have dropped below the kept edge */
+        bm_maybe_shrink(m);
+    }
     return rc;
 #undef DOOMED
 }
@@ -1897,17 +1873,13 @@ static PyObject *BM_remove_replica(BlockMap *m, PyObject *const *args, Py_ssize_
     static const char *const names[] = {"replica"};
     PyObject *a[1];
     if (parse_args("remove_replica", names, 1, args, nargs, kwnames, a) < 0) return NULL;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(a[0], &overflow);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (overflow != 0 || v < 0 || v > (long long)REP_MAX) return Py_BuildValue("(ii)", 0, 0);
+    uint32_t rep1;
+    int held = as_held_rep1(a[0], &rep1);
+    if (held < 0) return NULL;
+    if (!held) return Py_BuildValue("(ii)", 0, 0);
     if (bm_enter(m) < 0) return NULL;
     size_t hr = 0, kr = 0;
-    int rc = bm_prune(m, 1, 0, (uint32_t)v + 1, NULL, &hr, &kr);
-    if (hr) {
-        qc_free(m); /* surviving keys' newest may have dropped below the kept edge */
-        bm_maybe_shrink(m);
-    }
+    int rc = bm_prune(m, 1, 0, rep1, NULL, &hr, &kr);
     m->busy = 0;
     if (rc < 0) return NULL;
     return Py_BuildValue("(nn)", (Py_ssize_t)hr, (Py_ssize_t)kr);
@@ -1926,31 +1898,12 @@ static PyObject *BM_sweep(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
     if (bm_enter(m) < 0) goto done;
     size_t hr = 0, kr = 0;
     int rc = bm_prune(m, 0, stale, 0, &per, &hr, &kr);
-    if (hr) {
-        qc_free(m); /* surviving keys' newest may have dropped below the kept edge */
-        bm_maybe_shrink(m);
-    }
     m->busy = 0;
     /* Out of memory half-way: the removals so far stand (the map stays consistent) but the
      * counts would be incomplete, so raise MemoryError. */
-    if (rc < 0) goto done;
-    {
-        PyObject *d = PyDict_New();
-        if (d == NULL) goto done;
-        for (size_t k = 0; k < per.cap; k++) {
-            if (per.e[k].rep1 == 0) continue;
-            PyObject *key = PyLong_FromUnsignedLong((unsigned long)(per.e[k].rep1 - 1));
-            PyObject *val = PyLong_FromLongLong((long long)per.e[k].a);
-            if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
-                Py_XDECREF(key);
-                Py_XDECREF(val);
-                Py_DECREF(d);
-                goto done;
-            }
-            Py_DECREF(key);
-            Py_DECREF(val);
-        }
-        result = Py_BuildValue("(Nn)", d, (Py_ssize_t)kr);
+    if (rc == 0) {
+        PyObject *d = rmap_dict(&per, 0);
+        if (d != NULL) result = Py_BuildValue("(Nn)", d, (Py_ssize_t)kr);
     }
 done:
     rmap_free(&per);
@@ -2058,12 +2011,16 @@ static void cc_sift_down(Cand *v, size_t n, size_t i) {
     v[i] = e;
 }
 
-/* Push e (its reference moves into the heap); -1 without an exception set on no memory. */
+/* Push e: its reference moves into the heap, or is dropped when there is no memory (then -1
+ * without an exception set). */
 static int cc_push(struct CandCache *c, const Cand *e) {
     if (c->n == c->cap) {
         size_t ncap = c->cap ? c->cap * 2 : 1024;
         Cand *nv = (Cand *)PyMem_RawRealloc(c->v, ncap * sizeof(Cand));
-        if (nv == NULL) return -1;
+        if (nv == NULL) {
+            Py_XDECREF(e->lkey);
+            return -1;
+        }
         c->v = nv;
         c->cap = ncap;
     }
@@ -2110,45 +2067,50 @@ static inline int64_t slot_newest(const BlockMap *m, const Slot *s) {
     return best;
 }
 
+/* e's key: the key of slot s (a new reference for a key of another length). */
+static inline void cand_set_key(const BlockMap *m, const Slot *s, Cand *e) {
+    if (s->h.next & BM_LONG) {
+        e->key = 0;
+        e->lkey = Py_NewRef(m->lk[s->key].bytes);
+    } else {
+        e->key = s->key;
+        e->lkey = NULL;
+    }
+}
+
+/* Whether a value an upsert (or a removal) just wrote needs an entry in the cache *pc to keep
+ * the invariant: only a value <= T does. Once upserts have pushed too many entries the cache
+ * is dropped instead (the next call rebuilds it). */
+static inline int cache_needs(struct CandCache **pc, Pair v) {
+    struct CandCache *c = *pc;
+    if (pair_lt(c->thr, v)) return 0; /* above T: nothing to keep */
+    if (c->n >= c->limit) {
+        cache_drop(pc);
+        return 0;
+    }
+    return 1;
+}
+
 /* The key in slot pos changed its holds (upsert, or a removal it survived): if its newest
  * last_seen is now <= T, the quota cache needs an entry for it (see cc_note). */
 static void qc_note(BlockMap *m, size_t pos) {
-    struct CandCache *c = m->qc;
     const Slot *s = &m->slots[pos];
     Cand e;
     e.a = slot_newest(m, s);
     e.b = 0;
-    if (pair_lt(c->thr, (Pair){e.a, e.b})) return;
-    if (c->n >= c->limit) {
-        qc_free(m);
-        return;
-    }
+    if (!cache_needs(&m->qc, (Pair){e.a, e.b})) return;
     e.rep1 = 0;
-    if (s->h.next & BM_LONG) {
-        e.key = 0;
-        e.lkey = Py_NewRef(m->lk[s->key].bytes);
-    } else {
-        e.key = s->key;
-        e.lkey = NULL;
-    }
-    if (cc_push(c, &e) < 0) {
-        Py_XDECREF(e.lkey);
-        qc_free(m);
-    }
+    cand_set_key(m, s, &e);
+    if (cc_push(m->qc, &e) < 0) qc_free(m);
 }
 
 /* An upsert wrote (access, last_seen) for rep1's hold of this key: keep the invariant. */
 static void cc_note(BlockMap *m, const char *kp, Py_ssize_t kl, PyObject *keyobj, uint32_t rep1,
                     int64_t access, int64_t last_seen) {
-    struct CandCache *c = m->cc;
     Cand e;
-    e.a = c->lfu ? access : 0;
+    e.a = m->cc->lfu ? access : 0;
     e.b = last_seen;
-    if (pair_lt(c->thr, (Pair){e.a, e.b})) return; /* above T: nothing to keep */
-    if (c->n >= c->limit) {
-        cc_free(m);
-        return;
-    }
+    if (!cache_needs(&m->cc, (Pair){e.a, e.b})) return;
     e.rep1 = rep1;
     if (kl == 8) {
         e.key = load64(kp);
@@ -2163,10 +2125,7 @@ static void cc_note(BlockMap *m, const char *kp, Py_ssize_t kl, PyObject *keyobj
             return;
         }
     }
-    if (cc_push(c, &e) < 0) {
-        Py_XDECREF(e.lkey);
-        cc_free(m);
-    }
+    if (cc_push(m->cc, &e) < 0) cc_free(m);
 }
 
 /* The current hold (or, for the quota cache, key) of entry e: 1 with its value and identity,
@@ -2212,20 +2171,26 @@ static int cc_lookup(const BlockMap *m, const Cand *e, const struct CandCache *c
     return 0;
 }
 
-/* Full scan: keep the K smallest holds plus ties (K = max(16 k, 16384), at most all). */
-static int cc_build(BlockMap *m, long long k, int lfu) {
-    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
-    if (want < m->cc_min) want = m->cc_min;
-    if (want > m->nholds) want = m->nholds;
-    TopK t = {NULL, 0, want};
-    t.v = (Pair *)PyMem_RawMalloc((want ? want : 1) * sizeof(Pair));
-    struct CandCache *c = (struct CandCache *)PyMem_RawCalloc(1, sizeof(struct CandCache));
-    if (t.v == NULL || c == NULL) {
-        PyMem_RawFree(t.v);
-        PyMem_RawFree(c);
-        PyErr_NoMemory();
-        return -1;
+/* One value p of a full scan: into the top-k heap t, or (t NULL) into cache c as an entry for
+ * slot s's key and replica rep1 when p <= T. -1 on no memory (no exception set). */
+static inline int scan_take(const BlockMap *m, TopK *t, struct CandCache *c, Pair p,
+                            const Slot *s, uint32_t rep1) {
+    if (t != NULL) {
+        topk_push(t, p);
+        return 0;
     }
+    if (pair_lt(c->thr, p)) return 0;
+    Cand e;
+    e.a = p.a;
+    e.b = p.b;
+    e.rep1 = rep1;
+    cand_set_key(m, s, &e);
+    return cc_push(c, &e);
+}
+
+/* Full scan over every hold's value (lfu ? access : 0, last_seen), through scan_take. Inlined
+ * with t constant at each call, so each use compiles to its own loop. */
+static inline int scan_holds(const BlockMap *m, int lfu, TopK *t, struct CandCache *c) {
     size_t cap = m->mask + 1;
     for (size_t i = 0; i < cap; i++) {
         const Slot *s = &m->slots[i];
@@ -2235,48 +2200,65 @@ static int cc_build(BlockMap *m, long long k, int lfu) {
         int64_t acc = m->sacc[i];
         for (;;) {
             Pair p = {lfu ? acc : 0, x->last_seen};
-            topk_push(&t, p);
+            if (scan_take(m, t, c, p, s, x->rep1) < 0) return -1;
             uint32_t nx = x->next & IDX_MASK;
             if (!nx) break;
             x = OH(m, nx);
             acc = m->ovf[nx - 1].access;
         }
     }
-    c->thr = t.n ? t.v[0] : (Pair){INT64_MIN, INT64_MIN};
-    c->lfu = lfu;
-    PyMem_RawFree(t.v);
-    m->cc = c;
+    return 0;
+}
+
+/* The same over every key's value (newest last_seen, 0), for quota_candidates. */
+static inline int scan_keys(const BlockMap *m, TopK *t, struct CandCache *c) {
+    size_t cap = m->mask + 1;
     for (size_t i = 0; i < cap; i++) {
         const Slot *s = &m->slots[i];
         scan_prefetch(m, i);
         if (s->h.rep1 == 0) continue;
-        const Hold *x = &s->h;
-        int64_t acc = m->sacc[i];
-        for (;;) {
-            Cand e;
-            e.a = lfu ? acc : 0;
-            e.b = x->last_seen;
-            if (!pair_lt(c->thr, (Pair){e.a, e.b})) {
-                e.rep1 = x->rep1;
-                if (s->h.next & BM_LONG) {
-                    e.key = 0;
-                    e.lkey = Py_NewRef(m->lk[s->key].bytes);
-                } else {
-                    e.key = s->key;
-                    e.lkey = NULL;
-                }
-                if (cc_push(c, &e) < 0) {
-                    Py_XDECREF(e.lkey);
-                    cc_free(m);
-                    PyErr_NoMemory();
-                    return -1;
-                }
-            }
-            uint32_t nx = x->next & IDX_MASK;
-            if (!nx) break;
-            x = OH(m, nx);
-            acc = m->ovf[nx - 1].access;
-        }
+        if (scan_take(m, t, c, (Pair){slot_newest(m, s), 0}, s, 0) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The k-th smallest value (1 <= k <= values) of the holds, or of the keys when quota, as
+ * cap_candidates and quota_candidates value them; -1 with MemoryError. */
+static int kth_smallest(const BlockMap *m, size_t k, int lfu, int quota, Pair *kth) {
+    TopK t = {NULL, 0, k};
+    t.v = (Pair *)PyMem_RawMalloc(k * sizeof(Pair));
+    if (t.v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (quota)
+        scan_keys(m, &t, NULL);
+    else
+        scan_holds(m, lfu, &t, NULL);
+    *kth = t.v[0];
+    PyMem_RawFree(t.v);
+    return 0;
+}
+
+/* Full scans: keep the K smallest holds (m->cc), or keys when quota (m->qc), plus ties.
+ * K = want = max(16 k, 16384), fewer than the values (else the caller scans directly). */
+static int cache_build(BlockMap *m, size_t want, int lfu, int quota) {
+    Pair thr;
+    if (kth_smallest(m, want, lfu, quota, &thr) < 0) return -1;
+    struct CandCache *c = (struct CandCache *)PyMem_RawCalloc(1, sizeof(struct CandCache));
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->thr = thr;
+    c->lfu = lfu;
+    c->quota = quota;
+    struct CandCache **pc = quota ? &m->qc : &m->cc;
+    *pc = c;
+    if ((quota ? scan_keys(m, NULL, c) : scan_holds(m, lfu, NULL, c)) < 0) {
+        cache_drop(pc);
+        PyErr_NoMemory();
+        return -1;
     }
     c->limit = 4 * (c->n > m->cc_min ? c->n : m->cc_min);
     return 0;
@@ -2352,7 +2334,6 @@ static int cc_select(BlockMap *m, struct CandCache **pc, long long k, PyObject *
             e.a = cur.a;
             e.b = cur.b;
             if (cc_push(c, &e) < 0) {
-                Py_XDECREF(e.lkey);
                 rc = -1;
                 break;
             }
@@ -2395,10 +2376,10 @@ static int cc_select(BlockMap *m, struct CandCache **pc, long long k, PyObject *
         Py_XDECREF(tup);
     }
     for (size_t i = 0; i < ngot; i++) {
-        if (*pc == NULL || cc_push(*pc, &got[i]) < 0) {
+        if (*pc == NULL)
             Py_XDECREF(got[i].lkey);
+        else if (cc_push(*pc, &got[i]) < 0)
             cache_drop(pc);
-        }
     }
     PyMem_RawFree(got);
     PyMem_RawFree(seen.v);
@@ -2410,35 +2391,10 @@ static int cc_select(BlockMap *m, struct CandCache **pc, long long k, PyObject *
 /* Two scans, no cache: the k smallest values by a max-heap, then every hold at or below the
  * k-th (all holds when k >= holds). For large k, where a cache would hold most of the store. */
 static int cap_direct(BlockMap *m, long long k, int lfu, PyObject *out) {
-    TopK t = {NULL, 0, 0};
     size_t cap = m->mask + 1;
     Pair thr = {INT64_MAX, INT64_MAX};
     int all = (unsigned long long)k >= (unsigned long long)m->nholds;
-    if (!all) {
-        t.k = (size_t)k;
-        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
-        if (t.v == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (size_t i = 0; i < cap; i++) {
-            const Slot *s = &m->slots[i];
-            scan_prefetch(m, i);
-            if (s->h.rep1 == 0) continue;
-            const Hold *x = &s->h;
-            int64_t acc = m->sacc[i];
-            for (;;) {
-                Pair p = {lfu ? acc : 0, x->last_seen};
-                topk_push(&t, p);
-                uint32_t nx = x->next & IDX_MASK;
-                if (!nx) break;
-                x = OH(m, nx);
-                acc = m->ovf[nx - 1].access;
-            }
-        }
-        thr = t.v[0];
-        PyMem_RawFree(t.v);
-    }
+    if (!all && kth_smallest(m, (size_t)k, lfu, 0, &thr) < 0) return -1;
     for (size_t i = 0; i < cap; i++) {
         const Slot *s = &m->slots[i];
         scan_prefetch(m, i);
@@ -2469,130 +2425,18 @@ static int cap_direct(BlockMap *m, long long k, int lfu, PyObject *out) {
     return 0;
 }
 
-static const char *const cap_names[] = {"k", "lfu"};
-
-static PyObject *BM_cap_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
-                                   PyObject *kwnames) {
-    PyObject *a[2];
-    if (parse_args("cap_candidates", cap_names, 2, args, nargs, kwnames, a) < 0) return NULL;
-    long long k;
-    if (as_clamped(a[0], &k) < 0) return NULL;
-    int lfu = PyObject_IsTrue(a[1]);
-    if (lfu < 0) return NULL;
-    if (bm_enter(m) < 0) return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL || k <= 0 || m->nholds == 0) goto done;
-    /* Keep a cache only where it stays a small part of the store. */
-    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
-    if (want < m->cc_min) want = m->cc_min;
-    if (want >= m->nholds) {
-        if (cap_direct(m, k, lfu, out) < 0) Py_CLEAR(out);
-        goto done;
-    }
-    if (m->cc != NULL && m->cc->lfu != lfu) cc_free(m);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (m->cc == NULL && cc_build(m, k, lfu) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        int rc = cc_select(m, &m->cc, k, out);
-        if (rc < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        if (rc == 1) goto done;
-        if (PyList_SetSlice(out, 0, PyList_GET_SIZE(out), NULL) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-    }
-    /* A freshly built cache always answers (it keeps at least k holds, all current). */
-    PyErr_SetString(PyExc_SystemError, "cap_candidates: candidate cache failed");
-    Py_CLEAR(out);
-done:
-    m->busy = 0;
-    return out;
-}
-
-/* Full scan for quota_candidates' cache: the K keys with the smallest newest last_seen plus
- * ties (K = max(16 k, 16384), at most all). */
-static int qc_build(BlockMap *m, size_t want) {
-    TopK t = {NULL, 0, want};
-    t.v = (Pair *)PyMem_RawMalloc((want ? want : 1) * sizeof(Pair));
-    struct CandCache *c = (struct CandCache *)PyMem_RawCalloc(1, sizeof(struct CandCache));
-    if (t.v == NULL || c == NULL) {
-        PyMem_RawFree(t.v);
-        PyMem_RawFree(c);
-        PyErr_NoMemory();
-        return -1;
-    }
-    size_t cap = m->mask + 1;
-    for (size_t i = 0; i < cap; i++) {
-        const Slot *s = &m->slots[i];
-        scan_prefetch(m, i);
-        if (s->h.rep1 == 0) continue;
-        topk_push(&t, (Pair){slot_newest(m, s), 0});
-    }
-    c->thr = t.n ? t.v[0] : (Pair){INT64_MIN, 0};
-    c->quota = 1;
-    PyMem_RawFree(t.v);
-    m->qc = c;
-    for (size_t i = 0; i < cap; i++) {
-        const Slot *s = &m->slots[i];
-        scan_prefetch(m, i);
-        if (s->h.rep1 == 0) continue;
-        Cand e;
-        e.a = slot_newest(m, s);
-        e.b = 0;
-        if (pair_lt(c->thr, (Pair){e.a, e.b})) continue;
-        e.rep1 = 0;
-        if (s->h.next & BM_LONG) {
-            e.key = 0;
-            e.lkey = Py_NewRef(m->lk[s->key].bytes);
-        } else {
-            e.key = s->key;
-            e.lkey = NULL;
-        }
-        if (cc_push(c, &e) < 0) {
-            Py_XDECREF(e.lkey);
-            qc_free(m);
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
-    c->limit = 4 * (c->n > m->cc_min ? c->n : m->cc_min);
-    return 0;
-}
-
 /* Two scans, no cache (see cap_direct). */
 static int quota_direct(BlockMap *m, long long k, PyObject *out) {
-    TopK t = {NULL, 0, 0};
     size_t cap = m->mask + 1;
-    int64_t thr = INT64_MAX;
+    Pair thr = {INT64_MAX, 0};
     int all = (unsigned long long)k >= (unsigned long long)m->nkeys;
-    if (!all) {
-        t.k = (size_t)k;
-        t.v = (Pair *)PyMem_RawMalloc(t.k * sizeof(Pair));
-        if (t.v == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (size_t i = 0; i < cap; i++) {
-            const Slot *s = &m->slots[i];
-            scan_prefetch(m, i);
-            if (s->h.rep1 == 0) continue;
-            Pair p = {slot_newest(m, s), 0};
-            topk_push(&t, p);
-        }
-        thr = t.v[0].a;
-        PyMem_RawFree(t.v);
-    }
+    if (!all && kth_smallest(m, (size_t)k, 0, 1, &thr) < 0) return -1;
     for (size_t i = 0; i < cap; i++) {
         const Slot *s = &m->slots[i];
         scan_prefetch(m, i);
         if (s->h.rep1 == 0) continue;
         int64_t newest = slot_newest(m, s);
-        if (!all && newest > thr) continue;
+        if (!all && newest > thr.a) continue;
         PyObject *key = slot_key(m, s);
         PyObject *tup = key ? Py_BuildValue("(LN)", (long long)newest, key) : NULL;
         if (tup == NULL || PyList_Append(out, tup) < 0) {
@@ -2604,6 +2448,57 @@ static int quota_direct(BlockMap *m, long long k, PyObject *out) {
     return 0;
 }
 
+/* Candidates kept by a cache for a call asking k: max(cc_factor * k, cc_min), saturating. */
+static inline size_t cc_want(const BlockMap *m, long long k) {
+    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
+    return want < m->cc_min ? m->cc_min : want;
+}
+
+/* cap_candidates (quota 0) or quota_candidates (quota 1) into out, 0 or -1 with an exception:
+ * from the kept cache where it stays a small part of the store (built when missing, rebuilt
+ * once when it cannot answer), else by two direct scans. */
+static int candidates(BlockMap *m, long long k, int lfu, int quota, PyObject *out) {
+    size_t values = quota ? m->nkeys : m->nholds;
+    if (k <= 0 || values == 0) return 0;
+    size_t want = cc_want(m, k);
+    if (want >= values) return quota ? quota_direct(m, k, out) : cap_direct(m, k, lfu, out);
+    struct CandCache **pc = quota ? &m->qc : &m->cc;
+    if (*pc != NULL && (*pc)->lfu != lfu) cache_drop(pc);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (*pc == NULL && cache_build(m, want, lfu, quota) < 0) return -1;
+        int rc = cc_select(m, pc, k, out);
+        if (rc < 0) return -1;
+        if (rc == 1) return 0;
+        if (PyList_SetSlice(out, 0, PyList_GET_SIZE(out), NULL) < 0) return -1;
+    }
+    /* A freshly built cache always answers (it keeps at least k entries, all current). */
+    PyErr_Format(PyExc_SystemError, "%s: candidate cache failed",
+                 quota ? "quota_candidates" : "cap_candidates");
+    return -1;
+}
+
+/* The list of candidates(), with the map busy meanwhile. */
+static PyObject *candidates_list(BlockMap *m, long long k, int lfu, int quota) {
+    if (bm_enter(m) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out != NULL && candidates(m, k, lfu, quota, out) < 0) Py_CLEAR(out);
+    m->busy = 0;
+    return out;
+}
+
+static const char *const cap_names[] = {"k", "lfu"};
+
+static PyObject *BM_cap_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+    PyObject *a[2];
+    if (parse_args("cap_candidates", cap_names, 2, args, nargs, kwnames, a) < 0) return NULL;
+    long long k;
+    if (as_clamped(a[0], &k) < 0) return NULL;
+    int lfu = PyObject_IsTrue(a[1]);
+    if (lfu < 0) return NULL;
+    return candidates_list(m, k, lfu, 0);
+}
+
 static PyObject *BM_quota_candidates(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
     static const char *const names[] = {"k"};
@@ -2611,36 +2506,7 @@ static PyObject *BM_quota_candidates(BlockMap *m, PyObject *const *args, Py_ssiz
     if (parse_args("quota_candidates", names, 1, args, nargs, kwnames, a) < 0) return NULL;
     long long k;
     if (as_clamped(a[0], &k) < 0) return NULL;
-    if (bm_enter(m) < 0) return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL || k <= 0 || m->nkeys == 0) goto done;
-    size_t want = (size_t)k > ((size_t)-1) / m->cc_factor ? (size_t)-1 : (size_t)k * m->cc_factor;
-    if (want < m->cc_min) want = m->cc_min;
-    if (want >= m->nkeys) {
-        if (quota_direct(m, k, out) < 0) Py_CLEAR(out);
-        goto done;
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (m->qc == NULL && qc_build(m, want) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        int rc = cc_select(m, &m->qc, k, out);
-        if (rc < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        if (rc == 1) goto done;
-        if (PyList_SetSlice(out, 0, PyList_GET_SIZE(out), NULL) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-    }
-    PyErr_SetString(PyExc_SystemError, "quota_candidates: candidate cache failed");
-    Py_CLEAR(out);
-done:
-    m->busy = 0;
-    return out;
+    return candidates_list(m, k, 0, 1);
 }
 
 static PyObject *BM_replica_summary(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
@@ -2669,22 +2535,7 @@ static PyObject *BM_replica_summary(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
         }
     }
     m->busy = 0;
-    if (failed) goto done;
-    d = PyDict_New();
-    if (d == NULL) goto done;
-    for (size_t k = 0; k < per.cap; k++) {
-        if (per.e[k].rep1 == 0) continue;
-        PyObject *key = PyLong_FromUnsignedLong((unsigned long)(per.e[k].rep1 - 1));
-        PyObject *val = Py_BuildValue("(LL)", (long long)per.e[k].a, (long long)per.e[k].b);
-        if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
-            Py_XDECREF(key);
-            Py_XDECREF(val);
-            Py_CLEAR(d);
-            goto done;
-        }
-        Py_DECREF(key);
-        Py_DECREF(val);
-    }
+    if (!failed) d = rmap_dict(&per, 1);
 done:
     rmap_free(&per);
     return d;
@@ -2692,10 +2543,7 @@ done:
 
 /* Internal consistency, for tests: raises AssertionError naming the first broken rule. */
 static PyObject *BM_check_invariants(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
-    if (m->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "BlockMap called re-entrantly during another call");
-        return NULL;
-    }
+    if (bm_check_idle(m) < 0) return NULL;
     size_t cap = m->mask + 1;
     size_t keys = 0, holds = 0, ovf_used = 0, longs = 0;
     const char *err = NULL;

@@ -338,27 +338,20 @@ class MemStore:
             v = m.get(seq[i])
             if v is None:
                 break
-            cont: dict[int, list[int]] = {}
             if isinstance(v, tuple):
-                r = v[0]
-                hit = runs.get(r)
-                if hit is not None and v[2] > fresh_after:
-                    if v[2] < hit[0]:
-                        hit[0] = v[2]
-                    if v[3] > hit[1]:
-                        hit[1] = v[3]
-                    hit[2] += 1
-                    cont[r] = hit
-            else:
-                for r, run in runs.items():
-                    h = v.get(r)
-                    if h is not None and h[1] > fresh_after:
-                        if h[1] < run[0]:
-                            run[0] = h[1]
-                        if h[2] > run[1]:
-                            run[1] = h[2]
-                        run[2] += 1
-                        cont[r] = run
+                # A single holder continues one run at most, so this happens once per walk
+                # (then the single-replica loop above takes over): take the multi-holder form.
+                v = {v[0]: v[1:]}
+            cont: dict[int, list[int]] = {}
+            for r, run in runs.items():
+                h = v.get(r)
+                if h is not None and h[1] > fresh_after:
+                    if h[1] < run[0]:
+                        run[0] = h[1]
+                    if h[2] > run[1]:
+                        run[1] = h[2]
+                    run[2] += 1
+                    cont[r] = run
             if len(cont) != len(runs):
                 final.extend((r, run) for r, run in runs.items() if r not in cont)
             runs = cont

@@ -204,21 +204,21 @@ class PolicyTable:
 # Config file (§6.7): snake_case, absent = default, strict types and ranges
 
 
+_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "bool"),  # before int: a bool is an int
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "list"),
+    (dict, "mapping"),
+)
+
+
 def _type_name(v: object) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "list"
-    if isinstance(v, dict):
-        return "mapping"
+    for cls, name in _TYPE_NAMES:
+        if isinstance(v, cls):
+            return name
     return type(v).__name__
 
 

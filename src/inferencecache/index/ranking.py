@@ -12,13 +12,16 @@ import hashlib
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from inferencecache import accelerators
 from inferencecache.index.ingest import f32, report_tier
 from inferencecache.index.model import Reason, ReplicaScore
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState, StatsRow
+
+if TYPE_CHECKING:
+    from inferencecache.index import _rank
 
 
 class Row:
@@ -283,30 +286,12 @@ def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
     return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]
 
 
-class RankerLike(Protocol):
-    """What ``PyRanker`` and the compiled ``_rank.Ranker`` share; the compiled ``rank`` may
-    return None (run the twin)."""
-
-    def __init__(self, score_type: type[ReplicaScore]) -> None: ...
-
-    def rank(
-        self,
-        rows: Sequence[tuple[int, ...]],
-        chain: bool,
-        names: Sequence[str | None],
-        now_us: int,
-        ttl_us: int,
-        total: int,
-        stats: dict[int, StatsRow] | None,
-        pressure_weight: float,
-        slo: float,
-        min_matched: int,
-        want_credit: bool,
-    ) -> tuple[int, list[ReplicaScore], list[tuple[int, int]] | None] | None: ...
-
+RankerLike: TypeAlias = "_rank.Ranker | PyRanker"
+"""``PyRanker`` or the compiled ``_rank.Ranker`` (same ``rank`` signature, see ``_rank.pyi``),
+whose ``rank`` may return None (run the twin)."""
 
 _COMPILED = accelerators.load("inferencecache.index._rank")
-CompiledRanker: type[RankerLike] | None = _COMPILED.Ranker if _COMPILED is not None else None
+CompiledRanker: type[_rank.Ranker] | None = _COMPILED.Ranker if _COMPILED is not None else None
 """The compiled ranker class when built and enabled, else None."""
 RANKER_IMPLEMENTATION = "native" if _COMPILED is not None else "python"
 _packed_seed: Callable[[bytes], bytes] = (

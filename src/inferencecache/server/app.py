@@ -9,7 +9,6 @@ so gRPC workers, the HTTP thread and the sweeper call it directly.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -26,14 +25,11 @@ from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, bui
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
+from inferencecache.web import ListenError, bind_tcp
 
 log = logging.getLogger("inferencecache.server")
 
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-
-
-class ListenError(Exception):
-    """A listener could not be bound; the message is one line naming the address."""
 
 
 class Backend(ServiceBackend, AdminBackend, Protocol):
@@ -51,35 +47,6 @@ class Listeners:
 
 def _grpc_target(addr: HostPort) -> str:
     return f"[::]:{addr.port}" if addr.host == "" else str(addr)
-
-
-def bind_tcp(flag: str, addr: HostPort, backlog: int = 512) -> socket.socket:
-    """A listening TCP socket for ``addr`` (empty host = every interface)."""
-    host = addr.host or None
-    try:
-        infos = socket.getaddrinfo(
-            host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError as e:
-        raise ListenError(f"cannot listen on {flag} {addr}: {e.strerror or e}") from e
-    if host is None:  # prefer a dual-stack wildcard
-        infos.sort(key=lambda i: i[0] != socket.AF_INET6)
-    last: OSError | None = None
-    for family, socktype, proto, _, sockaddr in infos:
-        sock = socket.socket(family, socktype, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and host is None:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(sockaddr)
-            sock.listen(backlog)
-            sock.setblocking(False)
-            return sock
-        except OSError as e:
-            sock.close()
-            last = e
-    reason = (last.strerror if last is not None else None) or "no usable address"
-    raise ListenError(f"cannot listen on {flag} {addr}: {reason}")
 
 
 class Server:

@@ -15,8 +15,7 @@ from types import FrameType
 import click
 
 from inferencecache import logs
-from inferencecache.cli import CONTEXT
-from inferencecache.config import command_options
+from inferencecache.config import CONTEXT, command_options
 from inferencecache.server.settings import ServeSettings
 
 log = logging.getLogger("inferencecache.server")
@@ -26,7 +25,7 @@ log = logging.getLogger("inferencecache.server")
 @command_options(ServeSettings)
 def serve(settings: ServeSettings) -> int:
     """Serve the InferenceCache gRPC API, health, reflection and the HTTP surfaces."""
-    logs.setup(settings.python_log_level)
+    logs.setup(settings.log_level)
     # grpc core logs through absl straight to stderr; keep stderr to our JSON lines unless the
     # operator asked for grpc's own logs.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
@@ -36,7 +35,7 @@ def serve(settings: ServeSettings) -> int:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     # Imports after flag parsing keep `serve --help` and flag errors fast.
     from inferencecache.index.policy import IndexConfig, PolicyError, load_policy_file
-    from inferencecache.server.app import ListenError, Listeners, Server
+    from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
         AuthConfigError,
         BearerAuth,
@@ -46,6 +45,7 @@ def serve(settings: ServeSettings) -> int:
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
+    from inferencecache.web import ListenError
 
     try:
         token = read_token_file(settings.admin_token_file) if settings.admin_token_file else None

@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from inferencecache.config import DURATION, HOST_PORT, HostPort, parse_host_port, setting
+from inferencecache.config import (
+    DURATION,
+    HOST_PORT,
+    HostPort,
+    log_level_setting,
+    parse_host_port,
+    setting,
+)
 
 DEFAULT_GRPC_ADDRESS = HostPort("127.0.0.1", 9090)
 DEFAULT_HTTP_ADDRESS = HostPort("127.0.0.1", 8080)
@@ -37,8 +44,6 @@ class _OptionalHostPort(click.ParamType):  # type: ignore[type-arg]
 
 
 OPTIONAL_HOST_PORT = _OptionalHostPort()
-
-LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,7 @@ class ServeSettings:
         param=DURATION,
         help="On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are cancelled.",
     )
-    log_level: str = setting(
-        "info", param=click.Choice(LOG_LEVELS, case_sensitive=False), help="Log level."
-    )
+    log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
         if self.max_holds < 0:
@@ -143,8 +146,3 @@ class ServeSettings:
         if self.admin_address is not None:
             out.append(("--admin-address", self.admin_address))
         return out
-
-    @property
-    def python_log_level(self) -> str:
-        level = self.log_level.upper()
-        return "WARNING" if level == "WARN" else level

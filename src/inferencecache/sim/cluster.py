@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from inferencecache.engines.simulated import EngineParams
+from inferencecache.engines.simulated import (
+    DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PREFILL_BASE_MS,
+    DEFAULT_PREFILL_MS_PER_TOKEN,
+    EngineParams,
+)
 from inferencecache.routing.registry import POLICY_NAMES, guard_params, parse_params
 
 DEFAULT_REPLICAS: Final = 8
@@ -18,10 +24,10 @@ DEFAULT_RATE: Final = 40.0  # requests per second offered to the whole cluster
 DEFAULT_ENGINE: Final = EngineParams(
     block_size=32,  # vLLM's CPU build's block size; half the KV events of 16 for the same tokens
     num_blocks=128,  # 4096 tokens per replica
-    max_num_seqs=16,
-    prefill_ms_per_token=0.1,
-    decode_ms_per_token=2.0,
-    prefill_base_ms=1.0,
+    max_num_seqs=DEFAULT_MAX_NUM_SEQS,
+    prefill_ms_per_token=DEFAULT_PREFILL_MS_PER_TOKEN,
+    decode_ms_per_token=DEFAULT_DECODE_MS_PER_TOKEN,
+    prefill_base_ms=DEFAULT_PREFILL_BASE_MS,
 )
 DEFAULT_POLICIES: Final = POLICY_NAMES
 MODEL: Final = "sim-model"

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import click
 
-from inferencecache.config import command_options, setting
+from inferencecache.config import CONTEXT, command_options, setting
 from inferencecache.engines.simulated import EngineParams
 from inferencecache.sim import cluster
 from inferencecache.sim.workloads import WORKLOADS, WorkloadSpec
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 DEMO_WORKLOAD: Final = "chat"
 """The demo's default workload: multi-turn chat, the most common pattern and the one where the
@@ -30,6 +29,36 @@ SWEEPABLE: Final = {
 }
 
 _E = cluster.DEFAULT_ENGINE
+
+
+def out_dir_problem(path: str) -> str | None:
+    """Why results could not be written into directory ``path`` (created if missing), or None.
+
+    Checked before a run starts, without creating anything: ``path`` is a writable directory, or
+    its nearest existing ancestor is one (so the missing directories can be created).
+    """
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            return "not a directory"
+        if not os.access(p, os.W_OK | os.X_OK):
+            return "directory not writable"
+        return None
+    ancestor = p.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{str(ancestor)!r} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create it: {str(ancestor)!r} is not writable"
+    return None
+
+
+def check_out_dir(path: str) -> None:
+    """``click.UsageError`` (exit 2, one line) when ``--out`` cannot be written."""
+    problem = out_dir_problem(path)
+    if problem is not None:
+        raise click.UsageError(f"--out {path!r}: {problem}")
 
 
 def _check_common(s: Any) -> None:
@@ -173,6 +202,8 @@ class DemoSettings(EngineFlags):
 @command_options(SimulateSettings)
 def simulate(settings: SimulateSettings) -> int:
     """Compare routing policies on simulated engines in simulated time (no sockets)."""
+    if settings.out:
+        check_out_dir(settings.out)
     from inferencecache.sim.run import run_simulate
 
     return run_simulate(settings)
@@ -182,6 +213,7 @@ def simulate(settings: SimulateSettings) -> int:
 @command_options(DemoSettings)
 def demo(settings: DemoSettings) -> int:
     """Start server, engines, subscribers and gateway; compare every routing policy."""
+    check_out_dir(settings.out)
     from inferencecache.sim.demo import DemoPlan, run
 
     engine = EngineParams.from_flags(settings)

@@ -1,7 +1,7 @@
 """``inferencecache demo``: the whole system on loopback, one routing policy after another.
 
 Starts, as child processes on 127.0.0.1 with ports chosen at run time: the server, N simulated
-engines (``fake-engine --workload simulated``) each with a real subscriber, and, per policy, a
+engines (``fake-engine --mode simulated``) each with a real subscriber, and, per policy, a
 gateway with that ``--routing-policy``. For each policy it resets every engine's prefix cache
 (``/reset_prefix_cache`` → AllBlocksCleared → ALL_CLEARED at the server), starts a fresh gateway
 (so the history router starts empty too), replays the same seeded workload through the gateway
@@ -101,7 +101,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
     engines: list[tuple[str, Child]] = []
     for name in names:
         args = [
-            "fake-engine", "--workload", "simulated",
+            "fake-engine", "--mode", "simulated",
             "--bind", "tcp://127.0.0.1:0", "--http-address", "127.0.0.1:0",
             "--model-name", plan.workload.model,
             "--block-size", str(eng.block_size),

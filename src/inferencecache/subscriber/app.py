@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Coroutine
 from typing import Any, Final
 
@@ -40,8 +41,17 @@ DRAIN_TIMEOUT: Final = 5.0
 class Subscriber:
     """One running subscriber (``inferencecache subscribe``)."""
 
-    def __init__(self, settings: SubscribeSettings, registry: CollectorRegistry | None = None):
+    def __init__(
+        self,
+        settings: SubscribeSettings,
+        registry: CollectorRegistry | None = None,
+        *,
+        metrics_sock: socket.socket | None = None,
+    ):
+        """``metrics_sock``: ``--metrics-address`` already bound (``web.bind_tcp``, so a bind
+        error is reported before start-up); ``None`` binds it in :meth:`start`."""
         self.settings = settings
+        self.metrics_sock = metrics_sock
         self.metrics = SubscriberMetrics(registry)
         self.ident = Identity(
             settings.replica_id, settings.model_id, settings.tenant_id, settings.hash_scheme
@@ -130,7 +140,10 @@ class Subscriber:
                              replay=replay)
         self.processor = Processor(queue, self.mapper, self.metrics)
         self.http = MetricsServer(self.metrics.registry, self.healthy)
-        port = await self.http.start(s.metrics_address.host, s.metrics_address.port)
+        if self.metrics_sock is not None:
+            port = await self.http.start_socket(self.metrics_sock)
+        else:
+            port = await self.http.start(s.metrics_address.host, s.metrics_address.port)
         log.info(
             "metrics listening",
             extra={"address": f"{s.metrics_address.host}:{port}", "paths": "/metrics /healthz"},

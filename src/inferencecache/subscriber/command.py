@@ -1,4 +1,8 @@
-"""``inferencecache subscribe``: the engine-side sidecar (subscriber spec §8)."""
+"""``inferencecache subscribe``: the engine-side sidecar (subscriber spec §8).
+
+Start-up problems (bad flags, a ``--metrics-address`` that cannot be bound) exit 2 with one line
+on stderr naming the problem, before anything is logged.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,15 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 from typing import Final
 
 import click
 
 from inferencecache import logs
-from inferencecache.config import command_options
+from inferencecache.config import CONTEXT, command_options
 from inferencecache.subscriber.settings import SubscribeSettings
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from inferencecache.web import ListenError, bind_tcp
 
 log = logging.getLogger("inferencecache.subscriber")
 
@@ -25,17 +29,17 @@ log = logging.getLogger("inferencecache.subscriber")
 GC_THRESHOLD: Final = (10_000, 10, 10)
 
 
-async def _main(settings: SubscribeSettings) -> int:
+async def _main(settings: SubscribeSettings, metrics_sock: socket.socket) -> int:
     from inferencecache.subscriber.app import Subscriber
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    sub = Subscriber(settings)
+    sub = Subscriber(settings, metrics_sock=metrics_sock)
     try:
         await sub.run(stop)
-    except OSError as e:  # e.g. the metrics address is taken
+    except OSError as e:
         log.error("kvevent-subscriber failed to start", extra={"err": str(e)})
         return 1
     return 0
@@ -45,6 +49,13 @@ async def _main(settings: SubscribeSettings) -> int:
 @command_options(SubscribeSettings)
 def subscribe(settings: SubscribeSettings) -> int:
     """Follow one engine's KV-cache events (ZeroMQ) and report them to the server (gRPC)."""
-    logs.setup()
+    logs.setup(settings.log_level)
+    try:
+        metrics_sock = bind_tcp("--metrics-address", settings.metrics_address)
+    except ListenError as e:
+        raise click.UsageError(str(e)) from None
     gc.set_threshold(*GC_THRESHOLD)
-    return asyncio.run(_main(settings))
+    try:
+        return asyncio.run(_main(settings, metrics_sock))
+    finally:
+        metrics_sock.close()

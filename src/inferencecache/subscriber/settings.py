@@ -9,10 +9,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import click
 
-from inferencecache.config import DURATION, GO_BOOL, HOST_PORT, ZMQ_ENDPOINT, HostPort, setting
+from inferencecache.config import (
+    DURATION,
+    GO_BOOL,
+    HOST_PORT,
+    ZMQ_ENDPOINT,
+    HostPort,
+    log_level_setting,
+    setting,
+)
 from inferencecache.subscriber.lora import parse_adapter_names
 
 CACHE_TIERS: Final = ("auto", "kv", "gpu", "cpu")
@@ -42,6 +51,21 @@ class _GoInt(click.ParamType):  # type: ignore[type-arg]
 GO_INT: Final = _GoInt()
 
 
+def check_metrics_url(url: str) -> None:
+    """``ValueError`` naming ``--engine-metrics-url`` unless ``url`` is http(s)://host[:port]..."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad or out-of-range port raises here)
+    except ValueError:
+        raise ValueError(f"--engine-metrics-url: {url!r} has a bad port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"--engine-metrics-url: {url!r} is not an http:// or https:// URL with a host"
+        )
+    if any(c.isspace() for c in url):
+        raise ValueError(f"--engine-metrics-url: {url!r} contains whitespace")
+
+
 @dataclass(frozen=True)
 class SubscribeSettings:
     """Flags of ``inferencecache subscribe``."""
@@ -63,7 +87,9 @@ class SubscribeSettings:
         DEFAULT_WINDOW, param=DURATION, help="Add debounce window (<=0: 100ms)."
     )
     engine_metrics_url: str = setting(
-        "http://127.0.0.1:8000/metrics", help='Engine Prometheus URL for stats ("" disables).'
+        "http://127.0.0.1:8000/metrics",
+        help='Engine Prometheus URL (http:// or https://) for stats ("" disables).',
+        metavar="URL",
     )
     stats_interval: float = setting(
         DEFAULT_STATS_INTERVAL, param=DURATION, help="Stats cadence (<=0: 10s)."
@@ -98,6 +124,7 @@ class SubscribeSettings:
         help="Send the evictions of a batch as one PublishEvent (prefix_hashes, field 8); "
         "=false: one PublishEvent per evicted block.",
     )
+    log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -116,6 +143,8 @@ class SubscribeSettings:
             parse_adapter_names(self.lora_adapter_names)
         except ValueError as e:
             raise ValueError(f"--lora-adapter-names: {e}") from None
+        if self.engine_metrics_url:
+            check_metrics_url(self.engine_metrics_url)
 
     @property
     def adapter_names(self) -> dict[int, str]:
