@@ -213,8 +213,6 @@ class InferenceCacheService:
                 self._stream_errors("undecodable").inc()
                 self._reject(context, "ReportCacheState")
             self._apply(msg, "update")
-        if not context.is_active():
-            return pb.Ack(accepted=False)  # cancelled: nobody reads this; counted above
         ended.append("ok")
         return pb.Ack(accepted=True)
 
@@ -271,48 +269,27 @@ class InferenceCacheService:
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Method name -> handler, for ``method_handlers_generic_handler`` and the registry."""
-        ser = _serialize
+        unary = grpc.unary_unary_rpc_method_handler
+        stream_in = grpc.stream_unary_rpc_method_handler
+        stream_out = grpc.unary_stream_rpc_method_handler
+        safe = _safe_deserializer
+        # LookupRoute and ReportCacheState have their own wire parsers (server/wire.py, ingest.py);
+        # lookup_route returns the response bytes itself.
+        table: dict[str, tuple[Any, Callable[..., Any], Callable[[bytes], Any]]] = {
+            "RenderTemplate": (unary, self.render_template, safe(pb.RenderTemplateRequest)),
+            "LookupRoute": (unary, self.lookup_route, wire.parse_lookup_request),
+            "LookupPDRoute": (unary, self.lookup_pd_route, safe(pb.LookupPDRouteRequest)),
+            "GetCacheState": (unary, self.get_cache_state, safe(pb.GetCacheStateRequest)),
+            "ReportCacheState": (stream_in, self.report_cache_state, parse_update_request),
+            "PublishEvent": (unary, self.publish_event, safe(pb.CacheEvent)),
+            "StreamCacheEvents": (stream_out, self.stream_cache_events,
+                                  safe(pb.StreamEventsRequest)),
+            "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),
+        }
         return {
-            "RenderTemplate": grpc.unary_unary_rpc_method_handler(
-                self.render_template,
-                request_deserializer=_safe_deserializer(pb.RenderTemplateRequest),
-                response_serializer=ser,
-            ),
-            "LookupRoute": grpc.unary_unary_rpc_method_handler(
-                self.lookup_route,
-                request_deserializer=wire.parse_lookup_request,
-                response_serializer=None,  # lookup_route returns the response bytes
-            ),
-            "LookupPDRoute": grpc.unary_unary_rpc_method_handler(
-                self.lookup_pd_route,
-                request_deserializer=_safe_deserializer(pb.LookupPDRouteRequest),
-                response_serializer=ser,
-            ),
-            "GetCacheState": grpc.unary_unary_rpc_method_handler(
-                self.get_cache_state,
-                request_deserializer=_safe_deserializer(pb.GetCacheStateRequest),
-                response_serializer=ser,
-            ),
-            "ReportCacheState": grpc.stream_unary_rpc_method_handler(
-                self.report_cache_state,
-                request_deserializer=parse_update_request,
-                response_serializer=ser,
-            ),
-            "PublishEvent": grpc.unary_unary_rpc_method_handler(
-                self.publish_event,
-                request_deserializer=_safe_deserializer(pb.CacheEvent),
-                response_serializer=ser,
-            ),
-            "StreamCacheEvents": grpc.unary_stream_rpc_method_handler(
-                self.stream_cache_events,
-                request_deserializer=_safe_deserializer(pb.StreamEventsRequest),
-                response_serializer=ser,
-            ),
-            "StreamMetrics": grpc.unary_stream_rpc_method_handler(
-                self.stream_metrics,
-                request_deserializer=_safe_deserializer(pb.StreamMetricsRequest),
-                response_serializer=ser,
-            ),
+            name: make(fn, request_deserializer=parse,
+                       response_serializer=None if name == "LookupRoute" else _serialize)
+            for name, (make, fn, parse) in table.items()
         }
 
 
