@@ -54,14 +54,18 @@ def encode_header(
     """Fields 1-5 of a ``CacheStateUpdate`` (proto3: defaults omitted), as protobuf writes
     them; ``header + encode_entries(...)`` is the whole message (no stats, no update-level
     adapter)."""
-    ts = b"\x28" + varint.encode(timestamp_us) if timestamp_us else b""
     return (
         _text_field(0x0A, replica_id)
         + _text_field(0x12, model_id)
         + _text_field(0x1A, tenant_id)
         + _text_field(0x22, hash_scheme)
-        + ts
+        + timestamp_field(timestamp_us)
     )
+
+
+def timestamp_field(timestamp_us: int) -> bytes:
+    """Field 5 ``timestamp_us`` of a ``CacheStateUpdate`` (nothing for 0, as protobuf)."""
+    return b"\x28" + varint.encode(timestamp_us) if timestamp_us else b""
 
 
 __all__ = [
@@ -72,4 +76,5 @@ __all__ = [
     "encode_entries",
     "encode_header",
     "parse_update",
+    "timestamp_field",
 ]

@@ -30,7 +30,7 @@ from inferencecache.kvevents.events import (
     DecodedBatch,
     Event,
 )
-from inferencecache.kvevents.hashes import MASK64
+from inferencecache.kvevents.hashes import normalize_hash
 from inferencecache.kvevents.packed import TokenIds, hash_keys, token_array
 
 __all__ = [
@@ -97,14 +97,10 @@ _MISSING: Final = object()
 
 
 def _hash(value: Any, field: str) -> bytes:
-    t = type(value)
-    if t is int:
-        return bytes((value & MASK64).to_bytes(8, "big"))
-    if t is bytes:
-        return bytes(value)
-    if t is str:
-        return str(value).encode("utf-8", "surrogatepass")
-    raise BatchRejected(field, f"{field} element of type {t.__name__}")
+    try:
+        return normalize_hash(value)
+    except TypeError:
+        raise BatchRejected(field, f"{field} element of type {type(value).__name__}") from None
 
 
 def _hash_list(value: Any) -> list[bytes]:
@@ -400,7 +396,7 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
             out.append(
                 BlockStored(
                     hashes,
-                    None if parent is None else (parent & MASK64).to_bytes(8, "big"),
+                    None if parent is None else normalize_hash(parent),
                     tokens,
                     ev.block_size,
                     ev.lora_id,

@@ -21,8 +21,3 @@ def normalize_hash(value: int | bytes | str) -> bytes:
     if type(value) is str:
         return value.encode("utf-8", "surrogatepass")
     raise TypeError(f"not an engine hash: {type(value).__name__}")
-
-
-def hash_hex(key: bytes) -> str:
-    """Hex rendering used in logs and test expectations."""
-    return key.hex()

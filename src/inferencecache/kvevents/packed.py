@@ -20,6 +20,7 @@ import msgspec
 
 from inferencecache import accelerators
 from inferencecache.fingerprint import split_packed
+from inferencecache.kvevents.hashes import MASK64
 
 
 class TokenIds(array):  # type: ignore[type-arg]
@@ -50,7 +51,6 @@ _U32 = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
 _TOKENS: Final = msgspec.msgpack.Decoder(list[_U32] | None)
 _HASHES: Final = msgspec.msgpack.Decoder(list[int] | None)
 _LITTLE: Final = sys.byteorder == "little"
-MASK64: Final = (1 << 64) - 1
 
 
 def token_array_py(raw: bytes, /) -> TokenIds | None:

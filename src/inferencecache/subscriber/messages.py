@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferencecache import ingestwire, varint
+from inferencecache import ingestwire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 # (prefix_hash as 8-byte big-endian, cumulative token_count, adapter_id, tier)
@@ -56,8 +56,8 @@ class UpdateEncoder:
             ident.replica_id, ident.model_id, ident.tenant_id, ident.hash_scheme, 0)
 
     def encode(self, entries: Sequence[Entry], timestamp_us: int) -> bytes:
-        ts = b"\x28" + varint.encode(timestamp_us) if timestamp_us else b""
-        return self._head + ts + ingestwire.encode_entries(entries)
+        return (self._head + ingestwire.timestamp_field(timestamp_us)
+                + ingestwire.encode_entries(entries))
 
 
 def build_event(
