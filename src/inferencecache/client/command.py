@@ -27,6 +27,7 @@ from inferencecache.config import (
     command_options,
     setting,
 )
+from inferencecache.server.settings import DEFAULT_GRPC_ADDRESS
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
@@ -38,7 +39,7 @@ _SPLIT = re.compile(r"[\s,]+")
 class LookupSettings:
     model_id: str = setting(help="Model id of the lookup.", required=True)
     server: HostPort = setting(  # noqa: RUF009 (HostPort is frozen)
-        HostPort("127.0.0.1", 9090), param=HOST_PORT, help="Server gRPC address."
+        DEFAULT_GRPC_ADDRESS, param=HOST_PORT, help="Server gRPC address."
     )
     tenant_id: str = setting("default", help="Tenant id (the engines' pod namespace).")
     hash_scheme: str = setting("vllm", help="Hash scheme of the chain.")
@@ -84,6 +85,8 @@ class LookupSettings:
 
 def parse_token_list(text: str, source: str) -> list[int]:
     """Comma/whitespace separated ids, or a JSON array; every id in 0..2**32-1."""
+    from inferencecache.fingerprint import MAX_U32  # lazily, like the chain below
+
     stripped = text.strip()
     items: list[object]
     if stripped.startswith("["):
@@ -107,7 +110,7 @@ def parse_token_list(text: str, source: str) -> list[int]:
             value = int(item)
         elif isinstance(item, int) and not isinstance(item, bool):
             value = item
-        if value is None or not 0 <= value <= 0xFFFFFFFF:
+        if value is None or not 0 <= value <= MAX_U32:
             raise ValueError(
                 f"malformed token list in {source}: item {i} ({item!r}) is not a token id "
                 "in 0..4294967295"

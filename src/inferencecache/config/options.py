@@ -22,6 +22,7 @@ from inferencecache.config.values import (
     format_duration,
     parse_duration,
     parse_go_bool,
+    parse_go_int,
     parse_host_port,
     parse_zmq_endpoint,
 )
@@ -65,6 +66,20 @@ class _GoBool(click.ParamType[Any, bool]):
             self.fail(str(e), param, ctx)
 
 
+class _GoInt(click.ParamType[Any, int]):
+    """Go's ``strconv.Atoi`` for flag values: sign and ASCII digits, int64 range."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_go_int(str(value).strip())
+        except ValueError:
+            self.fail(f"invalid integer {value!r}", param, ctx)
+
+
 class _HostPort(click.ParamType[Any, HostPort]):
     name = "host:port"
 
@@ -91,6 +106,7 @@ class _ZmqEndpoint(click.ParamType[Any, str]):
 
 DURATION = _Duration()
 GO_BOOL = _GoBool()
+GO_INT = _GoInt()
 HOST_PORT = _HostPort()
 ZMQ_ENDPOINT = _ZmqEndpoint()
 LOG_LEVEL = click.Choice(LOG_LEVELS, case_sensitive=False)

@@ -76,6 +76,27 @@ def _short_duration(seconds: float) -> str | None:
     return None if "e" in text or "n" in text else text + unit
 
 
+_GO_INT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+def is_go_int(text: str) -> bool:
+    """An optional sign and ASCII digits only (``int()`` alone would also take ``1_0``, spaces
+    and non-ASCII digits); the range is not checked."""
+    return _GO_INT.match(text) is not None
+
+
+def parse_go_int(text: str) -> int:
+    """Go's ``strconv.Atoi``: :func:`is_go_int` syntax within int64, else ``ValueError``."""
+    if not is_go_int(text):
+        raise ValueError(f"invalid integer {text!r}")
+    n = int(text)
+    if not _I64_MIN <= n <= _I64_MAX:
+        raise ValueError(f"integer {text!r} is out of int64 range")
+    return n
+
+
 _TRUE = {"1", "t", "true", "TRUE", "True", "T"}
 _FALSE = {"0", "f", "false", "FALSE", "False", "F"}
 

@@ -16,6 +16,11 @@ from inferencecache.engines.publisher import EventPublisher
 log = logging.getLogger("inferencecache.engines")
 
 
+def _adapter(lora_id: int | None, lora_name: str | None) -> str:
+    """The cache's adapter key: the name, else ``id:<lora_id>``, else the base model ``""``."""
+    return lora_name or (f"id:{lora_id}" if lora_id is not None else "")
+
+
 class FakeEngine:
     """Publisher + block cache + metrics of one engine replica."""
 
@@ -35,29 +40,18 @@ class FakeEngine:
     def serve(self, tokens: list[int], *, lora_id: int | None = None,
               lora_name: str | None = None, medium: str = "GPU") -> Inserted:
         """One request: queue its evictions and its store into the current step."""
-        adapter = lora_name or (f"id:{lora_id}" if lora_id is not None else "")
-        result = self.cache.insert(tokens, adapter)
+        result = self.cache.insert(tokens, _adapter(lora_id, lora_name))
         self._queried += len(tokens) // self.block_size * self.block_size
         self._hits += result.hit_blocks * self.block_size
-        for h in result.evicted:
-            self.publisher.remove([h], medium=medium)
-        if result.stored:
-            self.publisher.store(
-                list(result.stored),
-                result.parent,
-                result.stored_tokens,
-                self.block_size,
-                lora_id=lora_id,
-                lora_name=lora_name,
-                medium=medium,
-            )
+        self.publisher.publish_inserted(
+            result, self.block_size, lora_id=lora_id, lora_name=lora_name, medium=medium
+        )
         return result
 
     def evict(self, tokens: list[int], *, lora_id: int | None = None,
               lora_name: str | None = None, medium: str = "GPU") -> int:
         """Evict a prompt's cached blocks (one BlockRemoved per block); returns how many."""
-        adapter = lora_name or (f"id:{lora_id}" if lora_id is not None else "")
-        removed = self.cache.remove(tokens, adapter)
+        removed = self.cache.remove(tokens, _adapter(lora_id, lora_name))
         for h in removed:
             self.publisher.remove([h], medium=medium)
         return len(removed)

@@ -11,6 +11,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferencecache.metrics import metrics_response
+from inferencecache.subscriber.engine_stats import (
+    EXT_HITS,
+    EXT_QUERIES,
+    HITS,
+    KV_USAGE,
+    QUERIES,
+    RUNNING,
+    WAITING,
+)
 from inferencecache.web import Listener
 
 
@@ -28,18 +37,18 @@ class EngineMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=r).labels(*values)
 
-        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).")
-        self.running = gauge("vllm:num_requests_running", "Requests running.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting.")
-        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hit tokens.")
+        self.kv_cache_usage = gauge(KV_USAGE, "KV-cache usage (1 = full).")
+        self.running = gauge(RUNNING, "Requests running.")
+        self.waiting = gauge(WAITING, "Requests waiting.")
+        self.prefix_cache_hits = counter(HITS, "Prefix-cache hit tokens.")
         self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix-cache queried tokens."
+            QUERIES, "Prefix-cache queried tokens."
         )
         self.external_hits = counter(
-            "vllm:external_prefix_cache_hits", "External (connector) prefix-cache hit tokens."
+            EXT_HITS, "External (connector) prefix-cache hit tokens."
         )
         self.external_queries = counter(
-            "vllm:external_prefix_cache_queries", "External prefix-cache queried tokens."
+            EXT_QUERIES, "External prefix-cache queried tokens."
         )
 
 

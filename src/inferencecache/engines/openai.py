@@ -224,21 +224,18 @@ class SimulatedEngine:
         m.waiting.set(self.model.num_waiting)
 
     def _publish(self, adm: Admitted[Any]) -> None:
-        ins = adm.inserted
         m = self.metrics
         m.prefix_cache_queries.inc(adm.prompt_tokens)
         m.prefix_cache_hits.inc(adm.hit_tokens)
         m.kv_cache_usage.set(self.model.usage())
-        pub = self.publisher
-        for h in ins.evicted:
-            pub.remove([h])
-        if ins.stored:
-            adapter = adm.adapter
-            lora_id = self.adapters.get(adapter) if adapter else None
-            lora_name = adapter if adapter and self.write_lora_name else None
-            pub.store(list(ins.stored), ins.parent, ins.stored_tokens, self.params.block_size,
-                      lora_id=lora_id, lora_name=lora_name)
-        pub.end_step()
+        adapter = adm.adapter
+        self.publisher.publish_inserted(
+            adm.inserted,
+            self.params.block_size,
+            lora_id=self.adapters.get(adapter) if adapter else None,
+            lora_name=adapter if adapter and self.write_lora_name else None,
+        )
+        self.publisher.end_step()
 
     async def _respond(
         self,

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import zmq
@@ -40,6 +41,7 @@ from inferencecache.kvevents.framing import (
 )
 
 if TYPE_CHECKING:
+    from inferencecache.engines.cache import Inserted
     from inferencecache.engines.settings import FakeEngineSettings
 
 log = logging.getLogger("inferencecache.engines")
@@ -167,7 +169,7 @@ class EventPublisher:
 
     def store(
         self,
-        block_hashes: list[Hash],
+        block_hashes: Sequence[Hash],
         parent_block_hash: Hash | None,
         token_ids: list[int],
         block_size: int,
@@ -194,10 +196,27 @@ class EventPublisher:
             )
         )
 
-    def remove(self, block_hashes: list[Hash], *, medium: str | None = "GPU",
+    def remove(self, block_hashes: Sequence[Hash], *, medium: str | None = "GPU",
                group_idx: int | None = 0) -> None:
         """Queue a BlockRemoved."""
         self._step.append(WireRemoved(list(block_hashes), medium=medium, group_idx=group_idx))
+
+    def publish_inserted(
+        self,
+        ins: Inserted,
+        block_size: int,
+        *,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        medium: str | None = "GPU",
+    ) -> None:
+        """Queue what serving one prompt did to the cache: one BlockRemoved per evicted block,
+        then one BlockStored of the newly cached blocks (if any)."""
+        for h in ins.evicted:
+            self.remove([h], medium=medium)
+        if ins.stored:
+            self.store(ins.stored, ins.parent, ins.stored_tokens, block_size,
+                       lora_id=lora_id, lora_name=lora_name, medium=medium)
 
     def clear(self) -> None:
         """Queue an AllBlocksCleared."""

@@ -8,6 +8,7 @@ from typing import Final
 from inferencecache.config import (
     DURATION,
     GO_BOOL,
+    GO_INT,
     ZMQ_ENDPOINT,
     log_level_setting,
     parse_host_port,
@@ -21,7 +22,6 @@ from inferencecache.engines.simulated import (
 )
 from inferencecache.kvevents.encode import DEFAULT_FORMAT, FORMATS
 from inferencecache.subscriber.lora import parse_adapter_names
-from inferencecache.subscriber.settings import GO_INT
 
 MODES: Final = ("fixed", "random", "script", "simulated")
 """What ``--mode`` selects: the event source (``--workload`` is demo/simulate's traffic mix)."""

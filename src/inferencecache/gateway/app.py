@@ -41,7 +41,7 @@ from inferencecache.tokenize.openai import (
     chat_prompt_ids,
     completion_prompt_ids,
 )
-from inferencecache.web import read_limited
+from inferencecache.web import Listener, read_limited
 
 log = logging.getLogger("inferencecache.gateway")
 
@@ -81,6 +81,9 @@ H_OVERHEAD_US: Final = "X-Cache-Route-Overhead-Us"
 H_PROMPT_TOKENS: Final = "X-Cache-Route-Prompt-Tokens"
 H_MATCHED: Final = "X-Cache-Route-Matched-Tokens"
 H_ATTEMPTS: Final = "X-Cache-Route-Attempts"
+
+# Hints whose lookup latency is reported in the H_HINT_US header (a lookup was attempted).
+_TIMED_HINT_CODES: Final = reasons.SERVER_CODES | {reasons.HINT_TIMEOUT, reasons.HINT_ERROR}
 
 _FALLBACK_CAUSE: Final = {
     reasons.NO_HINT: "no_hint",
@@ -160,7 +163,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._pool: EnginePool | None = None
         self._hints: HintClient | None = None
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._unknown_logged: dict[tuple[str, str, str], float] = {}
 
     @property
@@ -207,16 +210,13 @@ class Gateway:
         app.router.add_route("*", "/healthz", self._healthz)
         app.router.add_route("*", "/readyz", self._readyz)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.SockSite(self._runner, sock)
-        await site.start()
-        self.port = sock.getsockname()[1]
+        self._listener = Listener(app)
+        self.port = await self._listener.start_socket(sock)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
         if self._pool is not None:
             await self._pool.stop()
         if self._hints is not None:
@@ -344,10 +344,7 @@ class Gateway:
             req.extra[H_PROMPT_TOKENS] = str(len(ids))
         if self.policy.needs_hint:
             route.hint = await self._hint(route)
-            if route.hint.reason_code in reasons.SERVER_CODES | {
-                reasons.HINT_TIMEOUT,
-                reasons.HINT_ERROR,
-            }:
+            if route.hint.reason_code in _TIMED_HINT_CODES:
                 req.extra[H_HINT_US] = str(round(route.hint.latency_s * 1e6))
         return req
 

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
@@ -74,11 +75,10 @@ async def _run(
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await gw.start(sock)
-        host = settings.http_address.host
         log.info(
             "serving",
             extra={
-                "http_address": f"{f'[{host}]' if ':' in host else host}:{gw.port}",
+                "http_address": str(replace(settings.http_address, port=gw.port)),
                 "server": str(settings.server),
                 "routing_policy": gw.policy.name,
                 "routing_params": settings.effective_policy_params,

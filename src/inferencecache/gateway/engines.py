@@ -161,11 +161,15 @@ class EnginePool:
     def mark_down(self, rid: str, why: str) -> None:
         """The engine refused a connection: skip it until a probe succeeds."""
         e = self.engines[rid]
-        if e.healthy:
-            log.warning("engine down; skipping it", extra={"replica": rid, "reason": why})
-            e.healthy = False
-            self._metrics.engine_up(rid).set(0)
+        self._set_down(e, "engine down; skipping it", why)
         e.wake.set()
+
+    def _set_down(self, e: Engine, message: str, why: str) -> None:
+        """Take a healthy engine out of rotation (logged once per transition)."""
+        if e.healthy:
+            log.warning(message, extra={"replica": e.replica_id, "reason": why})
+            e.healthy = False
+            self._metrics.engine_up(e.replica_id).set(0)
 
     def suspect(self, rid: str) -> None:
         """Something went wrong on a request: probe the engine early, let the probe decide."""
@@ -209,13 +213,7 @@ class EnginePool:
             why = type(err).__name__
         if not ok:
             self._metrics.upstream_errors(e.replica_id, "health").inc()
-            if e.healthy:
-                log.warning(
-                    "engine failed its health probe; skipping it",
-                    extra={"replica": e.replica_id, "reason": why},
-                )
-                e.healthy = False
-                self._metrics.engine_up(e.replica_id).set(0)
+            self._set_down(e, "engine failed its health probe; skipping it", why)
             return
         if not e.healthy:
             log.info("engine healthy again", extra={"replica": e.replica_id})
@@ -226,23 +224,30 @@ class EnginePool:
         ):
             await self._discover(e)
 
-    async def _discover(self, e: Engine) -> None:
+    async def _model_entries(self, e: Engine) -> list[dict[str, Any]] | None:
+        """The dict entries of ``e``'s ``GET /v1/models`` ``data``; None if that failed."""
         try:
             async with self._session.get(
                 e.url("/v1/models"), timeout=aiohttp.ClientTimeout(total=self.timeout)
             ) as resp:
                 if resp.status != 200:
-                    return
+                    return None
                 payload = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            return
+            return None
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):
+            return None
+        return [d for d in data if isinstance(d, dict)]
+
+    async def _discover(self, e: Engine) -> None:
+        data = await self._model_entries(e)
+        if data is None:
             return
         models: set[str] = set()
         parents: dict[str, str] = {}
         for entry in data:
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            if not isinstance(entry.get("id"), str):
                 continue
             models.add(entry["id"])
             parent = entry.get("parent")
@@ -261,22 +266,9 @@ class EnginePool:
         """``/v1/models`` entries of every healthy engine, merged by id (live)."""
         healthy = [self.engines[r] for r in self.healthy_ids()]
 
-        async def one(e: Engine) -> list[dict[str, Any]]:
-            try:
-                async with self._session.get(
-                    e.url("/v1/models"), timeout=aiohttp.ClientTimeout(total=self.timeout)
-                ) as resp:
-                    if resp.status != 200:
-                        return []
-                    payload = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                return []
-            data = payload.get("data") if isinstance(payload, dict) else None
-            return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
-
         merged: dict[str, dict[str, Any]] = {}
-        for entries in await asyncio.gather(*(one(e) for e in healthy)):
-            for entry in entries:
+        for entries in await asyncio.gather(*(self._model_entries(e) for e in healthy)):
+            for entry in entries or ():
                 mid = entry.get("id")
                 if isinstance(mid, str):
                     merged.setdefault(mid, entry)

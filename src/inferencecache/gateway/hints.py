@@ -18,6 +18,7 @@ import grpc.aio
 from inferencecache import fingerprint
 from inferencecache.routing import reasons
 from inferencecache.routing.model import Hint
+from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
@@ -29,8 +30,8 @@ CHANNEL_OPTIONS: Final[list[tuple[str, Any]]] = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.client_idle_timeout_ms", 2**31 - 1),
-    ("grpc.max_send_message_length", 16 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", MAX_RECEIVE_MESSAGE_BYTES),  # what the server accepts
+    ("grpc.max_receive_message_length", MAX_SEND_MESSAGE_BYTES),  # what the server sends
 ]
 ERROR_LOG_INTERVAL: Final = 10.0
 

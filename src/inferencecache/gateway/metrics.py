@@ -20,17 +20,15 @@ OVERHEAD_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
 
-# fallbacks_total{cause}
-FALLBACK_CAUSES: Final = (
-    "no_hint",  # the server answered NO_HINT / TIMEOUT / POLICY_REQUIRES_CHAIN
-    "unknown",  # UNKNOWN_TENANT / UNKNOWN_MODEL / UNKNOWN_HASH_SCHEME (configuration mismatch)
-    "timeout",  # our LookupRoute deadline passed
-    "server_error",  # the RPC failed (server down, ...)
-    "replica_unhealthy",  # the hinted replicas are all down or not configured here
-    "no_chain",  # no fingerprint: no tokenizer, prompt shorter than a block, unsupported parts
-    "unrecognized",  # a reason code this version does not know
-    "oracle_unavailable",  # the oracle policy could not read any engine
-)
+# fallbacks_total{cause} (gateway/app.py maps reason codes to causes):
+#   no_hint             the server answered NO_HINT / TIMEOUT / POLICY_REQUIRES_CHAIN
+#   unknown             UNKNOWN_TENANT / UNKNOWN_MODEL / UNKNOWN_HASH_SCHEME (config mismatch)
+#   timeout             our LookupRoute deadline passed
+#   server_error        the RPC failed (server down, ...)
+#   replica_unhealthy   the hinted replicas are all down or not configured here
+#   no_chain            no fingerprint: no tokenizer, prompt shorter than a block, unsupported parts
+#   unrecognized        a reason code this version does not know
+#   oracle_unavailable  the oracle policy could not read any engine
 
 
 class GatewayMetrics:

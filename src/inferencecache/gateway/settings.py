@@ -19,9 +19,10 @@ from inferencecache.config import (
 )
 from inferencecache.routing.model import RoutingPolicy
 from inferencecache.routing.registry import POLICY_NAMES, guard_params, make_policy, parse_params
+from inferencecache.server.settings import DEFAULT_GRPC_ADDRESS
 
 DEFAULT_HTTP_ADDRESS: Final = HostPort("127.0.0.1", 8090)
-DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
+DEFAULT_SERVER: Final = DEFAULT_GRPC_ADDRESS
 _HEADER: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 

@@ -24,11 +24,13 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from inferencecache.kvevents.events import (
+    GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     DecodedBatch,
     Event,
+    normalize_medium,
 )
 from inferencecache.kvevents.hashes import normalize_hash
 from inferencecache.kvevents.packed import TokenIds, hash_keys, token_array
@@ -76,15 +78,11 @@ class BatchRejected(ValueError):
 # Field checks shared by both implementations
 
 
-def _is_gpu(medium: str | None) -> bool:
-    return medium is None or medium.upper() == "GPU"
-
-
 def _check_block_size(block_size: int, has_tokens: bool, medium: str | None) -> None:
     """``[1, 2^31)``, or 0 for a connector placeholder (no tokens, non-GPU medium, §2.4)."""
     if 1 <= block_size < BLOCK_SIZE_LIMIT:
         return
-    if block_size == 0 and not has_tokens and not _is_gpu(medium):
+    if block_size == 0 and not has_tokens and normalize_medium(medium) != GPU:
         return
     raise BatchRejected("block_size", f"block_size {block_size} out of range")
 

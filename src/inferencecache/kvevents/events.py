@@ -9,8 +9,19 @@ never looks at arrays, maps or version differences. Hashes are already normalise
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
+
+GPU: Final = "GPU"
+"""The engine's own KV cache medium (``medium`` nil or ``GPU`` in any case)."""
+
+
+def normalize_medium(medium: str | None) -> str:
+    """``None``/``GPU`` in any letter case → ``"GPU"``; every other string unchanged."""
+    if medium is None or medium == GPU or medium.upper() == GPU:
+        return GPU
+    return medium
 
 
 class BlockStored(msgspec.Struct, gc=False):

@@ -32,11 +32,10 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from inferencecache.fingerprint import HASH_BYTES
 from inferencecache.routing import reasons
-from inferencecache.routing.basic import least_loaded
+from inferencecache.routing.basic import check_balance, least_loaded
 from inferencecache.routing.model import Decision, RouteInput
-
-_HASH = 8
 
 
 class ApproximatePolicy:
@@ -60,10 +59,7 @@ class ApproximatePolicy:
             raise ValueError(f"min_match_blocks must be >= 1, got {min_match_blocks}")
         if not 0.0 <= match_threshold <= 1.0:
             raise ValueError(f"match_threshold must be in [0, 1], got {match_threshold}")
-        if balance_abs_threshold < 0:
-            raise ValueError(f"balance_abs_threshold must be >= 0, got {balance_abs_threshold}")
-        if balance_rel_threshold < 1.0:
-            raise ValueError(f"balance_rel_threshold must be >= 1, got {balance_rel_threshold}")
+        check_balance(balance_abs_threshold, balance_rel_threshold)
         self.capacity_blocks = capacity_blocks
         self.min_match_blocks = min_match_blocks
         self.match_threshold = match_threshold
@@ -185,7 +181,7 @@ class ApproximatePolicy:
         part = self._partitions.get(part_key)
         if part is None:
             part = self._partitions[part_key] = len(self._partitions)
-        n = len(route.chain) // _HASH
+        n = len(route.chain) // HASH_BYTES
         base = part << 64
         keys = [base | h for h in struct.unpack_from(f">{n}Q", route.chain)] if n else []
         self._keys_for, self._chain_for, self._part_for = route, route.chain, part_key

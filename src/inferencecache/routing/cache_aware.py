@@ -51,7 +51,6 @@ class CacheAwarePolicy:
         self.follow_ranked = follow_ranked
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
-        self.balanced = 0  # decisions the load guard moved away from the hint
         self.rotor = Rotor()
         self.routed = 0  # decisions that followed the hint
         self.fallbacks = 0  # decisions that used round robin
@@ -71,7 +70,6 @@ class CacheAwarePolicy:
                         self.balance_abs_threshold,
                         self.balance_rel_threshold,
                     ):
-                        self.balanced += 1
                         return Decision(
                             self.rotor.pick(least_loaded(healthy, route.load)),
                             reasons.LOAD_BALANCE,

@@ -49,10 +49,6 @@ class BearerAuth:
     def __init__(self, token: str | None) -> None:
         self._token = token.encode() if token is not None else None
 
-    @property
-    def enabled(self) -> bool:
-        return self._token is not None
-
     def check(self, header: str | None) -> str:
         """``ok`` or ``unauth`` for one request's Authorization header."""
         if self._token is None:

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+from dataclasses import replace
 from types import FrameType
 
 import click
@@ -95,11 +96,11 @@ def serve(settings: ServeSettings) -> int:
         log.info(
             "serving",
             extra={
-                "grpc_address": f"{_host(settings.grpc_address.host)}:{server.grpc_port}",
-                "http_address": f"{_host(settings.http_address.host)}:{server.http_port}",
+                "grpc_address": str(replace(settings.grpc_address, port=server.grpc_port)),
+                "http_address": str(replace(settings.http_address, port=server.http_port)),
                 "admin_address": (
-                    f"{_host(settings.admin_address.host)}:{server.admin_port}"
-                    if settings.admin_address is not None
+                    str(replace(settings.admin_address, port=server.admin_port))
+                    if settings.admin_address is not None and server.admin_port is not None
                     else None
                 ),
                 "admin_auth": token is not None,
@@ -118,7 +119,3 @@ def serve(settings: ServeSettings) -> int:
             signal.signal(s, handler)
         server.stop(0)
     return 0
-
-
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

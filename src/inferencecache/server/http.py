@@ -107,12 +107,19 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
                    "peer": request.remote or ""},
         )
 
-    async def policy(request: web.Request) -> web.Response:
-        body = await read_limited(request, MAX_POLICY_BODY)
+    async def read_body(request: web.Request, endpoint: str, limit: int) -> bytes | web.Response:
+        """The request body, or the 400 answer when it is larger than ``limit`` bytes."""
+        body = await read_limited(request, limit)
         if body is None:
-            msg = f"policy body larger than {MAX_POLICY_BODY} bytes"
-            rejected(request, "policy", "too_large", msg)
+            msg = f"{endpoint} body larger than {limit} bytes"
+            rejected(request, endpoint, "too_large", msg)
             return _text(400, msg + "\n")
+        return body
+
+    async def policy(request: web.Request) -> web.Response:
+        body = await read_body(request, "policy", MAX_POLICY_BODY)
+        if isinstance(body, web.Response):
+            return body
         loop = asyncio.get_running_loop()
         err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
         if err is not None:
@@ -121,11 +128,9 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
         return web.Response(status=204)
 
     async def probe(request: web.Request) -> web.Response:
-        body = await read_limited(request, MAX_PROBE_BODY)
-        if body is None:
-            msg = f"probe body larger than {MAX_PROBE_BODY} bytes"
-            rejected(request, "probe", "too_large", msg)
-            return _text(400, msg + "\n")
+        body = await read_body(request, "probe", MAX_PROBE_BODY)
+        if isinstance(body, web.Response):
+            return body
         loop = asyncio.get_running_loop()
         status, out = await loop.run_in_executor(None, cfg.backend.probe, body)
         if status == 400:
@@ -188,18 +193,11 @@ class HttpServer:
             loop.close()
 
     async def _setup(self) -> None:
-        seen: dict[int, web.AppRunner] = {}
-        for app, sock in self._sites:
-            runner = seen.get(id(app))
-            if runner is None:
-                runner = web.AppRunner(
-                    app, handle_signals=False, access_log=None, shutdown_timeout=5.0
-                )
-                await runner.setup()
-                seen[id(app)] = runner
-                self._runners.append(runner)
-            site = web.SockSite(runner, sock)
-            await site.start()
+        for app, sock in self._sites:  # a distinct app per socket (see build_apps)
+            runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
+            await runner.setup()
+            self._runners.append(runner)
+            await web.SockSite(runner, sock).start()
 
     async def _cleanup(self) -> None:
         for runner in self._runners:

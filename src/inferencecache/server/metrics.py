@@ -9,9 +9,10 @@ later models share the label value ``OVERFLOW_MODEL`` instead of growing memory 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from inferencecache.metrics import LazyChildren
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
@@ -114,8 +115,8 @@ class ServerMetrics:
             "inferencecache_server_sweeps", "TTL sweeps run (and failed).", ["result"], registry=r
         )
         self._lock = threading.Lock()
-        self._calls: dict[tuple[str, str, bool], Any] = {}
-        self._latency: dict[str, Any] = {}
+        self._calls = LazyChildren(self.lookup_calls)
+        self._latency = LazyChildren(self.lookup_latency)
         self._models: set[str] = set()
 
     def _model_label(self, model: str) -> str:
@@ -129,61 +130,30 @@ class ServerMetrics:
             self._models.add(model)
             return model
 
-    def lookup_children(self, model: str, reason: str, hint_used: bool) -> tuple[Any, Any]:
-        """(counter child, histogram child) for one lookup outcome, bound once and cached."""
-        label = model if model in self._models else self._model_label(model)
-        key = (label, reason, hint_used)
-        counter = self._calls.get(key)
-        if counter is None:
-            counter = self.lookup_calls.labels(label, reason, "true" if hint_used else "false")
-            self._calls[key] = counter
-        latency = self._latency.get(label)
-        if latency is None:
-            latency = self.lookup_latency.labels(label)
-            self._latency[label] = latency
-        return counter, latency
-
     def observe_lookup(self, model: str, reason: str, hint_used: bool, seconds: float) -> None:
         """Exactly one counter increment and one latency observation per LookupRoute call."""
-        counter, latency = self.lookup_children(model, reason, hint_used)
-        counter.inc()
-        latency.observe(seconds)
+        label = model if model in self._models else self._model_label(model)
+        self._calls(label, reason, "true" if hint_used else "false").inc()
+        self._latency(label).observe(seconds)
 
 
 class PrometheusIndexMetrics:
     """The index's ``IndexMetrics`` sink bound to the server registry (children cached)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
-        self._m = metrics
-        self._evictions: dict[tuple[str, str], Any] = {}
-        self._tenant: dict[tuple[str, str], Any] = {}
-        self._dropped: dict[str, Any] = {}
-        self._entries: dict[str, Any] = {}
+        self._evictions = LazyChildren(metrics.index_evictions)
+        self._tenant = LazyChildren(metrics.tenant_evictions)
+        self._dropped = LazyChildren(metrics.ingest_dropped)
+        self._entries = LazyChildren(metrics.index_entries)
 
     def index_evictions(self, algorithm: str, reason: str, n: int) -> None:
-        child = self._evictions.get((algorithm, reason))
-        if child is None:
-            child = self._evictions[(algorithm, reason)] = self._m.index_evictions.labels(
-                algorithm, reason
-            )
-        child.inc(n)
+        self._evictions(algorithm, reason).inc(n)
 
     def tenant_evictions(self, tenant_id: str, reason: str, n: int) -> None:
-        child = self._tenant.get((tenant_id, reason))
-        if child is None:
-            child = self._tenant[(tenant_id, reason)] = self._m.tenant_evictions.labels(
-                tenant_id, reason
-            )
-        child.inc(n)
+        self._tenant(tenant_id, reason).inc(n)
 
     def ingest_dropped(self, reason: str, n: int) -> None:
-        child = self._dropped.get(reason)
-        if child is None:
-            child = self._dropped[reason] = self._m.ingest_dropped.labels(reason)
-        child.inc(n)
+        self._dropped(reason).inc(n)
 
     def index_entries(self, model: str, n: int) -> None:
-        child = self._entries.get(model)
-        if child is None:
-            child = self._entries[model] = self._m.index_entries.labels(model)
-        child.set(n)
+        self._entries(model).set(n)

@@ -33,7 +33,7 @@ from inferencecache.index.model import (
 )
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import wire
-from inferencecache.server.ingest import parse_update_request, update_from_message
+from inferencecache.server.ingest import parse_update_request
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.wire import encode_response
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -228,8 +228,7 @@ class InferenceCacheService:
         goes on, so a producer is not pushed into a resend loop by one poisoned message."""
         try:
             if kind == "update":  # already translated by the request deserializer
-                self._backend.apply_update(
-                    msg if type(msg) in (PackedUpdate, Update) else update_from_message(msg))
+                self._backend.apply_update(msg)
             else:
                 self._backend.apply_event(msg)
         except Exception:

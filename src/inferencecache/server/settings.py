@@ -136,10 +136,6 @@ class ServeSettings:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number")
 
     @property
-    def effective_block_size(self) -> int:
-        return self.block_size if self.block_size > 0 else 16
-
-    @property
     def listeners(self) -> list[tuple[str, HostPort]]:
         """(flag, address) of every listener that will be opened."""
         out = [("--grpc-address", self.grpc_address), ("--http-address", self.http_address)]

@@ -286,10 +286,8 @@ def parse_lookup_request(buf: bytes) -> LookupRequest | _Undecodable:
             return _make_request(*fields)
     try:
         return parse_fast(buf)
-    except (_Fallback, UnicodeDecodeError, IndexError):
-        pass
-    except Exception:  # defensive: a parser bug must not turn into a gRPC error
-        pass
+    except Exception:  # _Fallback, UnicodeDecodeError, IndexError; defensively any other, as a
+        pass  # parser bug must not turn into a gRPC error: protobuf decides below
     return parse_slow(buf)
 
 
@@ -339,7 +337,6 @@ REQUEST_FIELDS = (
     "prompt_text", "ttft_ms", "deadline",
 )  # fmt: skip
 """``LookupRequest`` fields in the order of the compiled parser's tuple."""
-RESULT_FIELDS = ("reason_code", "replica_scores", "lookup_latency_us", "token_ids", "adapter_id")
 
 _LW = accelerators.load("inferencecache.server._lookupwire")
 _c_parse: Callable[[bytes], tuple[Any, ...] | None] | None = None

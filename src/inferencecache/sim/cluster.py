@@ -10,10 +10,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from inferencecache.engines.simulated import (
-    DEFAULT_DECODE_MS_PER_TOKEN,
-    DEFAULT_MAX_NUM_SEQS,
-    DEFAULT_PREFILL_BASE_MS,
-    DEFAULT_PREFILL_MS_PER_TOKEN,
     EngineParams,
 )
 from inferencecache.routing.registry import POLICY_NAMES, guard_params, parse_params
@@ -24,10 +20,6 @@ DEFAULT_RATE: Final = 40.0  # requests per second offered to the whole cluster
 DEFAULT_ENGINE: Final = EngineParams(
     block_size=32,  # vLLM's CPU build's block size; half the KV events of 16 for the same tokens
     num_blocks=128,  # 4096 tokens per replica
-    max_num_seqs=DEFAULT_MAX_NUM_SEQS,
-    prefill_ms_per_token=DEFAULT_PREFILL_MS_PER_TOKEN,
-    decode_ms_per_token=DEFAULT_DECODE_MS_PER_TOKEN,
-    prefill_base_ms=DEFAULT_PREFILL_BASE_MS,
 )
 DEFAULT_POLICIES: Final = POLICY_NAMES
 MODEL: Final = "sim-model"

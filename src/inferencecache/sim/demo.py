@@ -33,13 +33,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from inferencecache.engines.simulated import EngineParams
 from inferencecache.procs import Child, ChildFailed, Children
 from inferencecache.sim import cluster, report
-from inferencecache.sim.simulator import percentile, replica_names, warmup_tokens
+from inferencecache.sim.simulator import replica_names, warmup_tokens
 from inferencecache.sim.workloads import Request, WorkloadSpec, adapters_of, generate
+from inferencecache.subscriber.engine_stats import HITS, QUERIES
 
 START_TIMEOUT = 30.0
 _COUNTER = re.compile(
-    rb"^(vllm:prefix_cache_(?:hits|queries))_total\{[^}]*\}\s+([0-9.eE+-]+)", re.MULTILINE
+    rb"^(%s|%s)_total\{[^}]*\}\s+([0-9.eE+-]+)"
+    % (re.escape(HITS).encode(), re.escape(QUERIES).encode()),
+    re.MULTILINE,
 )
+_HITS = HITS.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +185,7 @@ async def engine_counters(session: aiohttp.ClientSession, c: Cluster) -> tuple[f
     for addr in c.engines.values():
         _, body = await _get(session, f"http://{addr}/metrics")
         for name, value in _COUNTER.findall(body):
-            if name.endswith(b"hits"):
+            if name == _HITS:
                 hits += float(value)
             else:
                 queries += float(value)
@@ -284,13 +288,8 @@ async def drive(
 def summarize(outcomes: Sequence[Outcome], hits: float, queries: float) -> dict[str, float | int]:
     ok = [o for o in outcomes if o.ok]
     hints = [o.hint_s for o in ok if o.hint_s is not None]
-    return {
-        "hit_rate": round(hits / queries, 6) if queries > 0 else 0.0,
-        "ttft_p50_ms": round(percentile([o.ttft_s for o in ok], 50) * 1000, 3),
-        "ttft_p90_ms": round(percentile([o.ttft_s for o in ok], 90) * 1000, 3),
-        "requests": len(ok),
-        "hint_overhead_p50_ms": round(percentile(hints, 50) * 1000, 4),
-    }
+    hit_rate = hits / queries if queries > 0 else 0.0
+    return report.summary(hit_rate, [o.ttft_s for o in ok], hints, len(ok))
 
 
 async def run_policies(
@@ -379,11 +378,9 @@ def run(plan: DemoPlan, console: Console | None = None) -> int:
         doc = asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         console.print("[yellow]interrupted; stopping every process[/yellow]")
-        children.stop_all()
-        return 130
+        return 130  # the finally below stops every child before this returns
     except ChildFailed as e:
         console.print(f"[red]demo failed:[/red] {e}")
-        children.stop_all()
         return 1
     finally:
         children.stop_all()

@@ -27,6 +27,30 @@ FIELDS: Final = ("hit_rate", "ttft_p50_ms", "ttft_p90_ms", "requests", "hint_ove
 Summary = Mapping[str, float | int]
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank-interpolated percentile (numpy's default "linear"); 0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summary(
+    hit_rate: float, ttft_s: Sequence[float], hint_s: Sequence[float], requests: int
+) -> dict[str, float | int]:
+    """One policy's row of the document (times in seconds in, milliseconds out)."""
+    return {
+        "hit_rate": round(hit_rate, 6),
+        "ttft_p50_ms": round(percentile(ttft_s, 50) * 1000, 3),
+        "ttft_p90_ms": round(percentile(ttft_s, 90) * 1000, 3),
+        "requests": requests,
+        "hint_overhead_p50_ms": round(percentile(hint_s, 50) * 1000, 4),
+    }
+
+
 def document(workload: str, policies: Mapping[str, Summary]) -> dict[str, Any]:
     """The JSON document (policies in the order given)."""
     out: dict[str, dict[str, float | int]] = {}

@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,9 @@ from inferencecache.kvevents.events import (
     DecodedBatch,
 )
 from inferencecache.routing import Hint, RouteInput, RoutingPolicy, make_policy
+from inferencecache.sim import report
 from inferencecache.sim.workloads import Request, WorkloadSpec, generate
+from inferencecache.subscriber.engine_stats import delta_hit_rate, pressure
 from inferencecache.subscriber.lora import LoraResolver
 from inferencecache.subscriber.mapping import BlockMapper
 from inferencecache.subscriber.messages import Entry
@@ -61,6 +63,11 @@ EPOCH_US = 1_700_000_000_000_000
 WARMUP_S = 1.0
 """The workload starts this long after the warm-up requests."""
 WARMUP_TOKENS = 32
+
+
+def _wall_us(t: float) -> int:
+    """The index clock's wall time (µs) at simulated time ``t`` (seconds)."""
+    return EPOCH_US + int(t * 1_000_000)
 
 
 def warmup_tokens(replica: str) -> array.array[int]:
@@ -124,24 +131,7 @@ class PolicyResult:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
     def summary(self) -> dict[str, float | int]:
-        return {
-            "hit_rate": round(self.hit_rate, 6),
-            "ttft_p50_ms": round(percentile(self.ttft_s, 50) * 1000, 3),
-            "ttft_p90_ms": round(percentile(self.ttft_s, 90) * 1000, 3),
-            "requests": self.requests,
-            "hint_overhead_p50_ms": round(percentile(self.hint_s, 50) * 1000, 4),
-        }
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank-interpolated percentile (numpy's default "linear"); 0 for no values."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+        return report.summary(self.hit_rate, self.ttft_s, self.hint_s, self.requests)
 
 
 def replica_names(n: int) -> list[str]:
@@ -170,7 +160,7 @@ class _Delivery:
         clock = self.clock
         while q and q[0][0] <= t:
             due, fn = q.popleft()
-            clock.set_now_us(EPOCH_US + int(due * 1_000_000))
+            clock.set_now_us(_wall_us(due))
             fn()
 
 
@@ -363,7 +353,7 @@ class Simulator:
                 self._next_stats += cfg.stats_interval_s
             else:
                 delivery.run_until(nxt)
-                self.clock.set_now_us(EPOCH_US + int(nxt * 1_000_000))
+                self.clock.set_now_us(_wall_us(nxt))
                 assert self.index is not None
                 self.index.sweep()
                 self._next_sweep += 60.0
@@ -390,22 +380,18 @@ class Simulator:
         ceiling = cfg.max_concurrency_ceiling
         for r in self.replicas:
             c = r.engine.counters
-            dq = c.queries - r.last_queries
-            dh = c.hits - r.last_hits
             hit_rate = 0.0
-            if r.stats_seen and dq > 0 and dh >= 0:
-                hit_rate = min(1.0, dh / dq)
+            if r.stats_seen:
+                hit_rate = delta_hit_rate(c.hits - r.last_hits, c.queries - r.last_queries)
             r.stats_seen = True
             r.last_queries, r.last_hits = c.queries, c.hits
-            load = r.engine.load()
-            pressure = min(1.0, load / ceiling) if ceiling > 0 and load > 0 else 0.0
             upd = Update(
                 replica_id=r.name,
                 model_id=self.model_id,
                 tenant_id=cfg.tenant_id,
                 hash_scheme=cfg.hash_scheme,
-                timestamp_us=EPOCH_US + int(now * 1_000_000),
-                stats=Stats(hit_rate=hit_rate, pressure=pressure),
+                timestamp_us=_wall_us(now),
+                stats=Stats(hit_rate=hit_rate, pressure=pressure(r.engine.load(), ceiling)),
             )
             delivery.at(now + cfg.transport_s, functools.partial(index.apply_update, upd))
 
@@ -475,7 +461,7 @@ class Simulator:
                 )
                 engine_hashes: list[int] | None = None
                 if needs_hint and router is not None:
-                    self.clock.set_now_us(EPOCH_US + int(now * 1_000_000))
+                    self.clock.set_now_us(_wall_us(now))
                     t0 = time.perf_counter()
                     n = len(chain) >> 3
                     result = router.lookup(

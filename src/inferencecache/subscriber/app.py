@@ -24,7 +24,7 @@ from inferencecache.subscriber.forwarder import Forwarder
 from inferencecache.subscriber.http import MetricsServer
 from inferencecache.subscriber.intake import QUEUE_SIZE, Intake, QueueItem
 from inferencecache.subscriber.lora import LoraResolver
-from inferencecache.subscriber.mapping import BlockMapper
+from inferencecache.subscriber.mapping import Block, BlockMapper
 from inferencecache.subscriber.messages import Identity
 from inferencecache.subscriber.metrics import SubscriberMetrics
 from inferencecache.subscriber.processor import Processor
@@ -70,6 +70,11 @@ class Subscriber:
         return bool(self._tasks) and not self._stopping and all(
             not t.done() for t in self._tasks.values()
         )
+
+    def _snapshot(self) -> list[list[Block]]:
+        """The mapper's state for a resync (the forwarder is built before the mapper)."""
+        assert self.mapper is not None
+        return self.mapper.snapshot()
 
     def _on_reconnect(self) -> None:
         """The channel is back (maybe to a restarted or different server): resync the resident
@@ -118,13 +123,12 @@ class Subscriber:
         self.client = CacheClient(str(s.server))
         self.ctx = zmq.asyncio.Context()
         queue: asyncio.Queue[QueueItem] = asyncio.Queue(QUEUE_SIZE)
-        mapper_box: list[BlockMapper] = []
         self.forwarder = Forwarder(
             self.client,
             self.ident,
             self.metrics,
             window=s.effective_window,
-            snapshot=lambda: mapper_box[0].snapshot(),
+            snapshot=self._snapshot,
             batch_evictions=s.batch_evictions,
         )
         self.mapper = BlockMapper(
@@ -134,7 +138,6 @@ class Subscriber:
             metrics=self.metrics,
             ignore_block_removed=s.ignore_block_removed,
         )
-        mapper_box.append(self.mapper)
         replay = ReplayClient(self.ctx, s.replay_endpoint) if s.replay_endpoint else None
         self.intake = Intake(self.ctx, s.engine_endpoint, s.topic, queue, self.metrics,
                              replay=replay)

@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import countOf, itemgetter
 from typing import Final
 
 from inferencecache.subscriber.client import CacheClient, describe_error
@@ -120,7 +120,7 @@ def _updates(reports: list[_Report], size: int) -> list[tuple[list[Entry], int]]
         if len(r.entries) > size:
             out += [(chunk, r.ts_us) for chunk in _chunks(r.entries, size)]
             continue
-        cur = r.entries if not cur else cur + r.entries
+        cur.extend(r.entries)  # a fresh list: the reports' own lists are never changed
         if r.ts_us > 0:
             cur_ts = r.ts_us
     if cur:
@@ -356,9 +356,6 @@ class Forwarder:
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         self._resync_pending = True
 
-    async def _send_report(self, entries: list[Entry], ts_us: int, resync: bool = False) -> bool:
-        return await self._send_reports([(entries, ts_us)], resync)
-
     async def _send_reports(
         self, updates: list[tuple[list[Entry], int]], resync: bool = False
     ) -> bool:
@@ -377,7 +374,7 @@ class Forwarder:
             )
             self._failed()
             return False
-        t1 = sum(list(map(_tier_of, entries)).count(T1) for entries, _ in updates)
+        t1 = sum(countOf(map(_tier_of, entries), T1) for entries, _ in updates)
         if t1:
             self.metrics.prefixes_reported["T1"].inc(t1)
         if n - t1:
@@ -483,7 +480,7 @@ class Forwarder:
 
     async def _send(self, item: _Item) -> bool:
         if isinstance(item, _Report) and item.separate:
-            return await self._send_report(item.entries, item.ts_us)
+            return await self._send_reports([(item.entries, item.ts_us)])
         if isinstance(item, _Event) and item.kind != PREFIX_EVICTED:
             return await self._send_event(item)
         reports, evictions = self._pop_run(item)

@@ -9,14 +9,10 @@ cannot be named is dropped (fail-closed): putting it under ``""`` would alias th
 from __future__ import annotations
 
 import logging
-import re
-from typing import Final
+
+from inferencecache.config.values import is_go_int, parse_go_int
 
 log = logging.getLogger("inferencecache.subscriber")
-
-_ID: Final = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
-_I64_MIN: Final = -(1 << 63)
-_I64_MAX: Final = (1 << 63) - 1
 
 
 def parse_adapter_names(text: str) -> dict[int, str]:
@@ -35,11 +31,12 @@ def parse_adapter_names(text: str) -> dict[int, str]:
         if not sep:
             raise ValueError(f"item {item!r} is not id=name")
         key, name = key.strip(), name.strip()
-        if not _ID.match(key):
+        if not is_go_int(key):
             raise ValueError(f"item {item!r}: id {key!r} is not an integer")
-        lora_id = int(key)
-        if not _I64_MIN <= lora_id <= _I64_MAX:
-            raise ValueError(f"item {item!r}: id {key!r} is out of int64 range")
+        try:
+            lora_id = parse_go_int(key)
+        except ValueError:
+            raise ValueError(f"item {item!r}: id {key!r} is out of int64 range") from None
         if not name:
             raise ValueError(f"item {item!r} has an empty name")
         if lora_id in out:

@@ -142,10 +142,11 @@ class BlockMapper:
             # Connector placeholder: a media-only announcement for blocks we already know.
             blocks = self._groups.get(group)
             if blocks:
+                added = only(medium)
                 for h in ev.block_hashes:
                     b = blocks.get(h)
                     if b is not None and medium not in b[3]:
-                        blocks[h] = (b[0], b[1], b[2], b[3] | only(medium))
+                        blocks[h] = (b[0], b[1], b[2], b[3] | added)
             self._ignored_no_tokens.inc()
             return
         adapter = self.resolver.resolve(ev.lora_id, ev.lora_name)
@@ -210,13 +211,14 @@ class BlockMapper:
         if not blocks:
             return
         medium = normalize_medium(ev.medium)
+        gone = only(medium)
         downgrades: list[Entry] = []
         evictions: list[tuple[bytes, str]] = []
         for h in ev.block_hashes:
             b = blocks.get(h)
             if b is None or medium not in b[3]:
                 continue
-            media = b[3] - only(medium)
+            media = b[3] - gone
             if not media:
                 del blocks[h]
                 if self.ignore_block_removed and medium == GPU:

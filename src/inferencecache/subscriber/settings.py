@@ -6,16 +6,14 @@ checks raise ``ValueError`` in ``__post_init__``, which the CLI turns into one l
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
-
-import click
 
 from inferencecache.config import (
     DURATION,
     GO_BOOL,
+    GO_INT,
     HOST_PORT,
     ZMQ_ENDPOINT,
     HostPort,
@@ -30,26 +28,6 @@ DEFAULT_STATS_INTERVAL: Final = 10.0
 
 DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
 DEFAULT_METRICS_ADDRESS: Final = HostPort("127.0.0.1", 9091)
-
-_INT: Final = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
-
-
-class _GoInt(click.ParamType):  # type: ignore[type-arg]
-    """Go's ``strconv.Atoi`` for flag values: sign and ASCII digits, int64 range."""
-
-    name = "integer"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        text = str(value).strip()
-        if not _INT.match(text) or not -(1 << 63) <= int(text) < (1 << 63):
-            self.fail(f"invalid integer {value!r}", param, ctx)
-        return int(text)
-
-
-GO_INT: Final = _GoInt()
-
 
 def check_metrics_url(url: str) -> None:
     """``ValueError`` naming ``--engine-metrics-url`` unless ``url`` is http(s)://host[:port]..."""

@@ -20,6 +20,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferencecache import __version__
 from inferencecache.subscriber.client import CacheClient, describe_error
+from inferencecache.subscriber.engine_stats import (
+    CPU_USAGE,
+    EXT_HITS,
+    EXT_QUERIES,
+    GPU_USAGE,
+    HITS,
+    KV_USAGE,
+    QUERIES,
+    RUNNING,
+    WAITING,
+    clamp01,
+    delta_hit_rate,
+    pressure,
+)
 from inferencecache.subscriber.messages import Identity
 from inferencecache.subscriber.metrics import SubscriberMetrics
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -28,16 +42,6 @@ log = logging.getLogger("inferencecache.subscriber")
 
 SCRAPE_TIMEOUT: Final = 5.0
 STALE_THRESHOLD: Final = 3
-
-KV_USAGE: Final = "vllm:kv_cache_usage_perc"
-GPU_USAGE: Final = "vllm:gpu_cache_usage_perc"
-CPU_USAGE: Final = "vllm:cpu_cache_usage_perc"
-RUNNING: Final = "vllm:num_requests_running"
-WAITING: Final = "vllm:num_requests_waiting"
-HITS: Final = "vllm:prefix_cache_hits"
-QUERIES: Final = "vllm:prefix_cache_queries"
-EXT_HITS: Final = "vllm:external_prefix_cache_hits"
-EXT_QUERIES: Final = "vllm:external_prefix_cache_queries"
 
 SGL_RUNNING: Final = "sglang:num_running_reqs"
 SGL_QUEUE: Final = "sglang:num_queue_reqs"
@@ -59,13 +63,6 @@ class StatsValues:
     pressure: float = 0.0
     t2_hit_tokens: int = 0
     t2_query_tokens: int = 0
-
-
-def clamp01(x: float) -> float:
-    """Clamp to [0, 1]; NaN → 0."""
-    if not x > 0:
-        return 0.0
-    return 1.0 if x > 1 else x
 
 
 class Families:
@@ -120,12 +117,6 @@ def _memory(usage: float, size: int) -> int:
     return int(usage * size)
 
 
-def _pressure(load: float, ceiling: int) -> float:
-    if ceiling <= 0 or not load > 0:
-        return 0.0
-    return clamp01(load / ceiling)
-
-
 class VllmProfile:
     """vLLM metric names; hit rate from prefix-cache counter deltas between scrapes."""
 
@@ -156,17 +147,14 @@ class VllmProfile:
         self._baseline = (hits, queries)
         if base is None:
             return 0.0
-        d_hits, d_queries = hits - base[0], queries - base[1]
-        if d_hits < 0 or d_queries <= 0:
-            return 0.0  # counter reset or no traffic: rebased above
-        return clamp01(d_hits / d_queries)
+        return delta_hit_rate(hits - base[0], queries - base[1])  # a reset: rebased above
 
     def compute(self, fams: Families) -> StatsValues:
         load = _finite(fams.gauge(RUNNING)) + _finite(fams.gauge(WAITING))
         return StatsValues(
             cache_memory_bytes=_memory(self._usage(fams), self.cache_size_bytes),
             hit_rate=self._hit_rate(fams),
-            pressure=_pressure(load, self.ceiling),
+            pressure=pressure(load, self.ceiling),
             t2_hit_tokens=int(_finite(fams.counter(EXT_HITS))),
             t2_query_tokens=int(_finite(fams.counter(EXT_QUERIES))),
         )
@@ -206,7 +194,7 @@ class SglangProfile:
         return StatsValues(
             cache_memory_bytes=_memory(usage, self.cache_size_bytes),
             hit_rate=clamp01(max(rates)) if rates else 0.0,
-            pressure=_pressure(sum(running) + sum(queued), self.ceiling),
+            pressure=pressure(sum(running) + sum(queued), self.ceiling),
         )
 
 

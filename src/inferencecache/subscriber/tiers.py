@@ -9,22 +9,17 @@ from __future__ import annotations
 
 from typing import Final
 
+from inferencecache.kvevents.events import GPU, normalize_medium
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-GPU: Final = "GPU"
+__all__ = ["GPU", "GPU_ONLY", "T1", "T2", "best_tier", "normalize_medium", "only", "tier_name"]
+
 T1: Final[int] = pb.CACHE_TIER_T1
 T2: Final[int] = pb.CACHE_TIER_T2
 
 # Media sets are immutable and the GPU-only one is shared, so the common case allocates nothing.
 GPU_ONLY: Final = frozenset((GPU,))
 _SINGLETONS: dict[str, frozenset[str]] = {GPU: GPU_ONLY}
-
-
-def normalize_medium(medium: str | None) -> str:
-    """``None``/``GPU`` in any letter case → ``"GPU"``; every other string unchanged."""
-    if medium is None or medium == GPU or medium.upper() == GPU:
-        return GPU
-    return medium
 
 
 def only(medium: str) -> frozenset[str]:

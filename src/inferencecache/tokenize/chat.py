@@ -104,6 +104,7 @@ class ChatTokenizer:
         special_tokens: Mapping[str, Any] | None = None,
     ) -> None:
         self.model_id = model_id
+        self.template_source = template  # the chat template text (None: no template)
         self._tokenizer = tokenizer
         self._context: dict[str, Any] = {}
         for key, value in (special_tokens or {}).items():

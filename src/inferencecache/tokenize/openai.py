@@ -36,18 +36,11 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from inferencecache.tokenize.chat import (
-    CONFIG_FILE,
-    TEMPLATE_FILE,
-    ChatTokenizer,
-    load_tokenizer_dir,
-    pick_template,
-)
+from inferencecache.fingerprint import MAX_U32
+from inferencecache.tokenize.chat import ChatTokenizer, load_tokenizer_dir
 
-MAX_U32 = 0xFFFFFFFF
 _SENTINEL = "\x00INFERENCECACHE_CONTINUE\x00"
 # A template that loops over a message's content parts ("openai" content format).
 _ITERATES_CONTENT = re.compile(
@@ -84,22 +77,6 @@ def uses_content_parts(template_source: str | None) -> bool:
     return bool(template_source and _ITERATES_CONTENT.search(template_source))
 
 
-def template_source(model_dir: str | os.PathLike[str]) -> str | None:
-    """The chat template text of a model directory, found as ``chat.load_model`` finds it."""
-    d = Path(model_dir)
-    try:
-        config = json.loads((d / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        config = {}
-    source = pick_template(config.get("chat_template")) if isinstance(config, dict) else None
-    if source is None:
-        try:
-            source = (d / TEMPLATE_FILE).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            return None
-    return source
-
-
 def load_engine_tokenizers(path: str | os.PathLike[str]) -> dict[str, EngineTokenizer]:
     """Every model of a ``--tokenizer-dir`` (``TokenizerLoadError`` as ``load_tokenizer_dir``)."""
     tokenizers = load_tokenizer_dir(path)
@@ -107,7 +84,7 @@ def load_engine_tokenizers(path: str | os.PathLike[str]) -> dict[str, EngineToke
     for model_id in tokenizers.model_ids:
         chat = tokenizers.get(model_id)
         assert chat is not None
-        parts = uses_content_parts(template_source(Path(path) / model_id))
+        parts = uses_content_parts(chat.template_source)
         out[model_id] = EngineTokenizer(chat, parts)
     return out
 
@@ -249,7 +226,13 @@ def _parse_arguments(call: Any) -> Any:
 
 def render_chat(tok: EngineTokenizer, body: Mapping[str, Any]) -> str:
     """The prompt text the engine renders for a chat body (PromptError / UnsupportedPrompt)."""
-    messages = check_messages(body)
+    return _render(tok, body, check_messages(body))
+
+
+def _render(
+    tok: EngineTokenizer, body: Mapping[str, Any], messages: list[Mapping[str, Any]]
+) -> str:
+    """``render_chat`` over already shape-checked ``messages``."""
     if not tok.chat.has_chat_template:
         raise UnsupportedPrompt("the model has no chat template")
     chat = _normalize(messages, tok.content_parts)
@@ -287,9 +270,9 @@ def render_chat(tok: EngineTokenizer, body: Mapping[str, Any]) -> str:
 
 def chat_prompt_ids(tok: EngineTokenizer | None, body: Mapping[str, Any]) -> list[int]:
     """Engine prompt ids of a chat body (PromptError; UnsupportedPrompt without a template)."""
-    check_messages(body)
+    messages = check_messages(body)
     if tok is None:
         raise UnsupportedPrompt("no tokenizer for this model")
-    text = render_chat(tok, body)
+    text = _render(tok, body, messages)
     add_special = body.get("add_special_tokens", False) is True
     return _truncate(tok.chat.encode(text, add_special_tokens=add_special), body)
