@@ -39,6 +39,9 @@ class RecordingOutbox:
     def clear(self, ts_us: int) -> None:
         self.calls.append(("clear", ts_us))
 
+    def refresh(self, entries: list[Entry]) -> None:
+        self.calls.append(("refresh", list(entries)))
+
     def take(self) -> list[tuple[Any, ...]]:
         out, self.calls = self.calls, []
         return out

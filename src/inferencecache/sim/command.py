@@ -11,11 +11,19 @@ from typing import Any, Final
 
 import click
 
-from inferencecache.config import CONTEXT, command_options, setting
+from inferencecache.config import CONTEXT, DURATION, command_options, setting
 from inferencecache.engines.simulated import EngineParams
 from inferencecache.sim import cluster
 from inferencecache.sim.workloads import WORKLOADS, WorkloadSpec
+from inferencecache.subscriber.refresh import DEFAULT_INTERVAL
+from inferencecache.subscriber.settings import DEFAULT_ADAPTER_POLL_INTERVAL
 
+DEFAULT_SERIES_WINDOW_S: Final = 600.0
+"""``simulate``'s time series: one window per 10 simulated minutes."""
+
+DEMO_WORKLOADS: Final = tuple(w for w in WORKLOADS if w != "lora-churn")
+"""The demo's engines serve a fixed set of adapters; ``lora-churn`` (adapters loaded and
+unloaded during the run) is a ``simulate`` workload only."""
 DEMO_WORKLOAD: Final = "chat"
 """The demo's default workload: multi-turn chat, the most common pattern and the one where the
 difference is plainest (docs/demo.md has every workload)."""
@@ -131,9 +139,38 @@ class SimulateSettings(EngineFlags):
         metavar="NAME=V,...",
     )
     out: str = setting("", help="Write JSON and PNG results into this directory.", metavar="DIR")
+    duration: float = setting(
+        0.0, param=DURATION,
+        help="Simulated time of traffic per workload and policy, e.g. 2h (requests arrive at "
+        "--request-rate; --requests is then ignored); 0 = --requests.",
+    )
+    series_window: float = setting(
+        DEFAULT_SERIES_WINDOW_S, param=DURATION,
+        help="Width of the per-window time series (hit rate, TTFT p90) in the JSON and PNG.",
+    )
+    refresh_interval: float = setting(
+        DEFAULT_INTERVAL, param=DURATION,
+        help="The subscribers' --refresh-interval (0 disables: holds age out after the TTL).",
+    )
+    adapter_poll_interval: float = setting(
+        DEFAULT_ADAPTER_POLL_INTERVAL, param=DURATION,
+        help="The subscribers' --adapter-poll-interval (0 disables adapter lifecycle tracking).",
+    )
+    default_ttl: float = setting(
+        1800.0, param=DURATION, help="The server's --default-ttl (hold TTL).",
+    )
 
     def __post_init__(self) -> None:
         _check_common(self)
+        for flag, v in (("--duration", self.duration),
+                        ("--refresh-interval", self.refresh_interval),
+                        ("--adapter-poll-interval", self.adapter_poll_interval)):
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{flag}: must be >= 0, got {v}")
+        for flag, v in (("--series-window", self.series_window),
+                        ("--default-ttl", self.default_ttl)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{flag}: must be > 0, got {v}")
         if self.sweep:
             try:
                 parse_sweep(self.sweep)
@@ -168,7 +205,8 @@ class DemoSettings(EngineFlags):
     """Flags of ``inferencecache demo``."""
 
     workload: str = setting(
-        DEMO_WORKLOAD, help=f"Workload: {', '.join(WORKLOADS)}.", param=click.Choice(WORKLOADS)
+        DEMO_WORKLOAD, help=f"Workload: {', '.join(DEMO_WORKLOADS)}.",
+        param=click.Choice(DEMO_WORKLOADS),
     )
     policies: str = setting(",".join(cluster.DEFAULT_POLICIES), help="Policies, in order.")
     replicas: int = setting(cluster.DEFAULT_REPLICAS, help="Engines (each with a subscriber).")

@@ -9,6 +9,15 @@ The JSON document is exactly::
 ``hit_rate`` is prefix-cache hit tokens / queried tokens as the engines count them; the hint
 overhead is the time spent obtaining the policy's signal per request (LookupRoute for
 ``cache_aware``, the engines' cache queries for ``oracle``, 0 for the others).
+
+``simulate`` adds the time series (requests grouped by arrival time)::
+
+     "series": {"window_s": float,
+                "policies": {"<policy>": [{"start_s": float, "span_s": float,
+                                           "hit_rate": float, "ttft_p90_ms": float,
+                                           "requests": int}, ...]}}
+
+``span_s`` is the part of the window the run covered (the last one may be partial).
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ from typing import Any, Final
 from rich.table import Table
 
 FIELDS: Final = ("hit_rate", "ttft_p50_ms", "ttft_p90_ms", "requests", "hint_overhead_p50_ms")
+SERIES_FIELDS: Final = ("start_s", "span_s", "hit_rate", "ttft_p90_ms", "requests")
+SERIES_MIN_SPAN: Final = 0.5
+"""Windows covering less than this share of ``window_s`` are left out of the targets."""
+SERIES_MIN_ORACLE: Final = 0.97
+SERIES_MAX_TTFT_DRIFT: Final = 1.10
 
 Summary = Mapping[str, float | int]
 
@@ -51,8 +65,26 @@ def summary(
     }
 
 
-def document(workload: str, policies: Mapping[str, Summary]) -> dict[str, Any]:
-    """The JSON document (policies in the order given)."""
+def series_row(
+    start_s: float, span_s: float, hit_rate: float, ttft_s: Sequence[float], requests: int
+) -> dict[str, float | int]:
+    """One window of a policy's time series."""
+    return {
+        "start_s": round(float(start_s), 3),
+        "span_s": round(float(span_s), 3),
+        "hit_rate": round(hit_rate, 6),
+        "ttft_p90_ms": round(percentile(ttft_s, 90) * 1000, 3),
+        "requests": int(requests),
+    }
+
+
+def document(
+    workload: str,
+    policies: Mapping[str, Summary],
+    series: Mapping[str, Sequence[Mapping[str, float | int]]] | None = None,
+    window_s: float = 0.0,
+) -> dict[str, Any]:
+    """The JSON document (policies in the order given); ``series`` per policy, if any."""
     out: dict[str, dict[str, float | int]] = {}
     for name, s in policies.items():
         out[name] = {
@@ -62,7 +94,17 @@ def document(workload: str, policies: Mapping[str, Summary]) -> dict[str, Any]:
             "requests": int(s["requests"]),
             "hint_overhead_p50_ms": float(s["hint_overhead_p50_ms"]),
         }
-    return {"workload": workload, "policies": out}
+    doc: dict[str, Any] = {"workload": workload, "policies": out}
+    if series is not None:
+        doc["series"] = {
+            "window_s": float(window_s),
+            "policies": {
+                name: [{k: (int(r[k]) if k == "requests" else float(r[k])) for k in SERIES_FIELDS}
+                       for r in rows]
+                for name, rows in series.items()
+            },
+        }
+    return doc
 
 
 def write_json(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
@@ -141,6 +183,49 @@ def targets(doc: Mapping[str, Any]) -> list[tuple[str, bool | None, str]]:
         out.append(("hint overhead p50 < 1 ms", h < 1.0, f"{h:.3f} ms"))
     else:
         out.append(("hint overhead p50 < 1 ms", None, "not measured"))
+    if "series" in doc:
+        out += series_targets(doc)
+    return out
+
+
+def _full_windows(rows: Sequence[Mapping[str, Any]], window_s: float) -> list[Mapping[str, Any]]:
+    return [r for r in rows
+            if float(r["span_s"]) >= SERIES_MIN_SPAN * window_s and int(r["requests"]) > 0]
+
+
+def series_targets(doc: Mapping[str, Any]) -> list[tuple[str, bool | None, str]]:
+    """Issue 11's long-horizon targets: after the first (warm-up) window, ``cache_aware`` stays
+    >= 97% of the oracle's hit rate in every window, and its TTFT p90 never exceeds its first
+    window's by more than 10%. Windows covering less than half a window are left out."""
+    series = doc["series"]
+    window_s = float(series["window_s"])
+    pols: Mapping[str, Sequence[Mapping[str, Any]]] = series["policies"]
+    name_o = f"cache_aware >= {SERIES_MIN_ORACLE:.0%} of oracle's hit rate in every window"
+    name_t = f"cache_aware TTFT p90 <= {SERIES_MAX_TTFT_DRIFT:.2f}x its first window"
+    ca = _full_windows(pols.get("cache_aware", ()), window_s)
+    orc = {float(r["start_s"]): r for r in _full_windows(pols.get("oracle", ()), window_s)}
+    out: list[tuple[str, bool | None, str]] = []
+    later = ca[1:]
+    pairs = [(r, orc[float(r["start_s"])]) for r in later if float(r["start_s"]) in orc]
+    pairs = [(a, b) for a, b in pairs if float(b["hit_rate"]) > 0]
+    if pairs:
+        ratios = [(float(a["hit_rate"]) / float(b["hit_rate"]), float(a["start_s"]))
+                  for a, b in pairs]
+        worst, at = min(ratios)
+        out.append((name_o, worst >= SERIES_MIN_ORACLE,
+                    f"worst {worst:.1%} at {at / 60:.0f} min ({len(pairs)} windows)"))
+    else:
+        out.append((name_o, None, "fewer than 2 full windows"))
+    first = float(ca[0]["ttft_p90_ms"]) if ca else 0.0
+    if later and first > 0:
+        drifts = [(float(r["ttft_p90_ms"]) / first, float(r["start_s"])) for r in later]
+        worst_d, at_d = max(drifts)
+        best_d = min(d for d, _ in drifts)
+        out.append((name_t, worst_d <= SERIES_MAX_TTFT_DRIFT,
+                    f"{first:.1f} ms first; {best_d:.2f}x-{worst_d:.2f}x later "
+                    f"(worst at {at_d / 60:.0f} min)"))
+    else:
+        out.append((name_t, None, "fewer than 2 full windows"))
     return out
 
 
@@ -165,7 +250,9 @@ def plot(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title:
     import matplotlib.pyplot as plt
 
     n = max(1, len(docs))
-    fig, axes = plt.subplots(2, n, figsize=(4.2 * n + 1, 7), squeeze=False)
+    timed = any("series" in d for d in docs)
+    rows = 4 if timed else 2
+    fig, axes = plt.subplots(rows, n, figsize=(4.2 * n + 1, 3.5 * rows), squeeze=False)
     colors = {"round_robin": "#9e9e9e", "random": "#bdbdbd", "approximate": "#f0a030",
               "cache_aware": "#2e7d32", "oracle": "#1565c0"}
     for col, doc in enumerate(docs):
@@ -195,6 +282,8 @@ def plot(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title:
             ax.set_yscale("log")
         ax.set_xticks(x, names, rotation=30, ha="right")
         ax.legend(fontsize=8)
+        if timed:
+            _plot_series(axes[2][col], axes[3][col], doc, colors)
     fig.suptitle(title)
     fig.tight_layout()
     p = Path(path)
@@ -204,9 +293,38 @@ def plot(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title:
     return p
 
 
+def _plot_series(hit_ax: Any, ttft_ax: Any, doc: Mapping[str, Any],
+                 colors: Mapping[str, str]) -> None:
+    """Hit rate and TTFT p90 per window over simulated time, one line per policy."""
+    series = doc.get("series")
+    if series is None:
+        hit_ax.set_visible(False)
+        ttft_ax.set_visible(False)
+        return
+    window_min = float(series["window_s"]) / 60
+    for name, rows in series["policies"].items():
+        xs = [(float(r["start_s"]) + float(r["span_s"]) / 2) / 60 for r in rows]
+        color = colors.get(name, "#7e57c2")
+        hit_ax.plot(xs, [float(r["hit_rate"]) * 100 for r in rows], marker="o", ms=3,
+                    color=color, label=name)
+        ttft_ax.plot(xs, [float(r["ttft_p90_ms"]) for r in rows], marker="o", ms=3,
+                     color=color, label=name)
+    hit_ax.set_title(f"{doc['workload']}: hit rate per {window_min:g} min")
+    hit_ax.set_ylabel("% of prompt tokens")
+    hit_ax.set_ylim(0, 100)
+    ttft_ax.set_title(f"{doc['workload']}: TTFT p90 per {window_min:g} min")
+    ttft_ax.set_ylabel("ms")
+    for ax in (hit_ax, ttft_ax):
+        ax.set_xlabel("simulated minutes")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+
 def is_document(doc: Any) -> bool:
     """Whether ``doc`` has exactly the JSON shape above (tests)."""
-    if not isinstance(doc, dict) or set(doc) != {"workload", "policies"}:
+    if not isinstance(doc, dict) or set(doc) - {"series"} != {"workload", "policies"}:
+        return False
+    if "series" in doc and not _is_series(doc["series"]):
         return False
     if not isinstance(doc["workload"], str) or not isinstance(doc["policies"], dict):
         return False
@@ -217,5 +335,24 @@ def is_document(doc: Any) -> bool:
             return False
         for k in FIELDS:
             if k != "requests" and (type(s[k]) is not float or not math.isfinite(s[k])):
+                return False
+    return True
+
+
+def _is_series(series: Any) -> bool:
+    if not isinstance(series, dict) or set(series) != {"window_s", "policies"}:
+        return False
+    if type(series["window_s"]) is not float or not isinstance(series["policies"], dict):
+        return False
+    for rows in series["policies"].values():
+        if not isinstance(rows, list):
+            return False
+        for r in rows:
+            if not isinstance(r, dict) or set(r) != set(SERIES_FIELDS):
+                return False
+            if type(r["requests"]) is not int:
+                return False
+            if any(type(r[k]) is not float or not math.isfinite(r[k])
+                   for k in SERIES_FIELDS if k != "requests"):
                 return False
     return True

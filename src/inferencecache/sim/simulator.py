@@ -5,10 +5,17 @@ matters: the routing policies (:mod:`inferencecache.routing`), the engine model 
 simulated engine server (:class:`~inferencecache.engines.simulated.EngineModel`), the
 subscriber's block → fingerprint mapping (:class:`~inferencecache.subscriber.mapping.BlockMapper`)
 and the index (:class:`~inferencecache.index.Index` + :class:`~inferencecache.index.Router`).
+The subscriber's refresh of resident blocks and its adapter lifecycle tracking are the real code
+too: each replica has a :class:`~inferencecache.subscriber.refresh.RefreshPacer` (ticked when it
+asks, gated by an :class:`~inferencecache.subscriber.refresh.EngineLiveness` that the stats ticks
+feed) and an :class:`~inferencecache.subscriber.adapters.AdapterTracker` fed every
+``adapter_poll_s`` with what the engine serves (``workloads.AdapterSchedule``), exactly as the
+subscriber feeds them from its clock and ``/v1/models``. The index runs its TTL sweep every 60 s.
 What is modelled: the subscriber's add window (adds reach the index at the next window tick plus a
 transport delay; evictions and clears after the transport delay, adds first), its stats reports
 (every ``stats_interval``: pressure = engine load / ``max_concurrency_ceiling``, hit rate from the
 counter deltas), and the gateway's in-flight count (passed to every policy as ``load``).
+Per-window results (hit rate, TTFT) are kept by request arrival (``PolicyResult.windows``).
 
 Per request: fingerprint the prompt, ask the hint plane (``cache_aware``) or read every engine's
 cache (``oracle``), let the policy choose, submit to that engine. An engine admits up to
@@ -51,18 +58,39 @@ from inferencecache.kvevents.events import (
 )
 from inferencecache.routing import Hint, RouteInput, RoutingPolicy, make_policy
 from inferencecache.sim import report
-from inferencecache.sim.workloads import Request, WorkloadSpec, generate
+from inferencecache.sim.workloads import (
+    AdapterSchedule,
+    Request,
+    WorkloadSpec,
+    adapter_schedule,
+    generate,
+    served_name,
+)
+from inferencecache.subscriber.adapters import AdapterTracker
 from inferencecache.subscriber.engine_stats import delta_hit_rate, pressure
 from inferencecache.subscriber.lora import LoraResolver
 from inferencecache.subscriber.mapping import BlockMapper
 from inferencecache.subscriber.messages import Entry
 from inferencecache.subscriber.metrics import SubscriberMetrics
+from inferencecache.subscriber.refresh import (
+    DEFAULT_INTERVAL,
+    LIVENESS_PROBES,
+    EngineLiveness,
+    RefreshPacer,
+    refresh_step,
+)
+from inferencecache.subscriber.settings import DEFAULT_ADAPTER_POLL_INTERVAL
 
 EPOCH_US = 1_700_000_000_000_000
 """Wall-clock time (µs) of simulated time 0 for the index's clock."""
 WARMUP_S = 1.0
 """The workload starts this long after the warm-up requests."""
 WARMUP_TOKENS = 32
+SWEEP_S = 60.0
+"""The index's TTL sweep interval (the server's default --sweep-interval)."""
+DEFAULT_ADAPTER_POLL_S = DEFAULT_ADAPTER_POLL_INTERVAL
+DEFAULT_SERIES_WINDOW_S = 600.0
+"""Per-window results every 10 simulated minutes."""
 
 
 def _wall_us(t: float) -> int:
@@ -95,18 +123,42 @@ class SimConfig:
     # One short request per engine before the workload (as the demo does), so the index knows
     # every replica before the first routed request; the workload starts WARMUP_S later.
     warmup: bool = True
+    refresh_interval_s: float = DEFAULT_INTERVAL  # subscriber --refresh-interval (0: off)
+    adapter_poll_s: float = DEFAULT_ADAPTER_POLL_S  # subscriber --adapter-poll-interval (0: off)
+    series_window_s: float = DEFAULT_SERIES_WINDOW_S  # per-window results (by arrival)
+    ttl_s: float = 1800.0  # server --default-ttl
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError("replicas must be >= 1")
         if self.gateways < 1:
             raise ValueError("gateways must be >= 1")
-        for name in ("window_s", "transport_s", "stats_interval_s"):
+        for name in ("window_s", "transport_s", "stats_interval_s", "refresh_interval_s",
+                     "adapter_poll_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a non-negative number")
         if self.window_s <= 0 or self.stats_interval_s <= 0:
             raise ValueError("window_s and stats_interval_s must be positive")
+        for name in ("series_window_s", "ttl_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a positive number")
+
+
+@dataclass(slots=True)
+class Window:
+    """What one series window measured (requests by arrival time)."""
+
+    start_s: float
+    requests: int = 0
+    hit_tokens: int = 0
+    query_tokens: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
 @dataclass(slots=True)
@@ -125,6 +177,11 @@ class PolicyResult:
     rejected: int = 0  # requests the engine refused (prompt larger than its whole cache)
     sim_seconds: float = 0.0
     wall_seconds: float = 0.0
+    windows: list[Window] = field(default_factory=list)
+    window_s: float = DEFAULT_SERIES_WINDOW_S
+    workload_seconds: float = 0.0  # workload time covered: the duration, or the last arrival
+    refreshed_entries: int = 0  # entries re-reported by the replicas' refreshers
+    adapters_forgotten: int = 0  # adapter partitions dropped by the replicas' trackers
 
     @property
     def hit_rate(self) -> float:
@@ -132,6 +189,13 @@ class PolicyResult:
 
     def summary(self) -> dict[str, float | int]:
         return report.summary(self.hit_rate, self.ttft_s, self.hint_s, self.requests)
+
+    def series(self) -> list[dict[str, float | int]]:
+        """The per-window rows of the JSON document (``report.series_row``)."""
+        end = self.workload_seconds
+        return [report.series_row(w.start_s, min(self.window_s, max(0.0, end - w.start_s)),
+                                  w.hit_rate, w.ttft_s, w.requests)
+                for w in self.windows]
 
 
 def replica_names(n: int) -> list[str]:
@@ -176,6 +240,7 @@ class _SimOutbox:
         # (prefix, adapter) evictions of the current batch; adapter None = ALL_CLEARED
         self.evictions: list[tuple[bytes, str | None]] = []
         self.now = 0.0
+        self.refreshed = 0
 
     def _update(self, entries: list[Entry]) -> Callable[[], None]:
         cfg = self.cfg
@@ -208,6 +273,11 @@ class _SimOutbox:
         self.pending = []
         self.evictions.append((b"", None))
 
+    def refresh(self, entries: list[Entry]) -> None:
+        """Like the forwarder: pending adds at "now", out with the next window's flush."""
+        self.refreshed += len(entries)
+        self.pending.extend(entries)
+
     def end_batch(self) -> None:
         """Deliver this batch's evictions (and clears) as one step, after its adds."""
         if not self.evictions:
@@ -235,21 +305,33 @@ class _SimOutbox:
 
 
 class _Replica:
-    """One simulated engine with its subscriber."""
+    """One simulated engine with its subscriber (mapper, refresher, adapter tracker)."""
 
     def __init__(self, name: str, cfg: SimConfig, model_id: str, delivery: _Delivery | None):
         self.name = name
         self.engine: EngineModel[int] = EngineModel(cfg.engine)
         self.outbox: _SimOutbox | None = None
         self.mapper: BlockMapper | None = None
+        self.pacer: RefreshPacer | None = None
+        self.refresh_due = 0.0
+        self.tracker: AdapterTracker | None = None
+        self.forgotten = 0
+        # The subscriber's liveness rule, fed by the stats ticks (its HTTP probe); the engine's
+        # socket never drops in the simulation.
+        self.liveness = EngineLiveness(LIVENESS_PROBES * cfg.stats_interval_s)
         if delivery is not None:
             self.outbox = _SimOutbox(name, cfg, model_id, delivery)
+            self.metrics = SubscriberMetrics()
             self.mapper = BlockMapper(
                 block_size=cfg.engine.block_size,
                 resolver=LoraResolver({}),
                 outbox=self.outbox,
-                metrics=SubscriberMetrics(),
+                metrics=self.metrics,
             )
+            if cfg.refresh_interval_s > 0:
+                self.pacer = RefreshPacer(cfg.refresh_interval_s)
+            if cfg.adapter_poll_s > 0:
+                self.tracker = AdapterTracker(self.mapper, self.metrics)
         self.last_hits = 0
         self.last_queries = 0
         self.stats_seen = False
@@ -272,7 +354,7 @@ class _Replica:
                     None if ins.parent is None else ins.parent.to_bytes(8, "big"),
                     ins.stored_tokens,
                     self.engine.block_size,
-                    lora_name=adapter or None,
+                    lora_name=served_name(adapter) or None,
                     medium="GPU",
                     group_idx=0,
                     kv_cache_spec_kind="full_attention",
@@ -283,6 +365,22 @@ class _Replica:
             self.outbox.now = now
             mapper.apply(DecodedBatch(0.0, events))
             self.outbox.end_batch()
+
+    def refresh(self, now: float) -> None:
+        """The subscriber's refresher, due at ``now``."""
+        if self.pacer is None or self.mapper is None or self.outbox is None:
+            self.refresh_due = math.inf
+            return
+        self.outbox.now = now
+        _alive, self.refresh_due = refresh_step(self.pacer, self.mapper, self.liveness, now)
+
+    def poll_adapters(self, now: float, served: dict[str, str]) -> None:
+        """The subscriber's adapter poll at ``now`` against what the engine serves."""
+        if self.tracker is None or self.outbox is None:
+            return
+        self.outbox.now = now
+        self.forgotten += len(self.tracker.observe(self.tracker.begin(), served))
+        self.outbox.end_batch()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,6 +411,7 @@ class Simulator:
                 IndexSettings(
                     engine_block_size=cfg.engine.block_size,
                     pressure_weight=cfg.pressure_weight,
+                    default_ttl=cfg.ttl_s,
                 ),
                 clock=self.clock,
             )
@@ -322,10 +421,14 @@ class Simulator:
         self.replicas = [_Replica(n, cfg, self.model_id, delivery) for n in self.names]
         self.by_name = {r.name: r for r in self.replicas}
         self.requests = requests if requests is not None else generate(cfg.workload)
-        self.result = PolicyResult(cfg.policy)
+        self.result = PolicyResult(cfg.policy, window_s=cfg.series_window_s)
+        self.schedule: AdapterSchedule = adapter_schedule(cfg.workload)
         self._next_window = cfg.window_s
         self._next_stats = cfg.stats_interval_s
-        self._next_sweep = 60.0
+        self._next_sweep = SWEEP_S
+        self._next_refresh = 0.0 if any(r.pacer for r in self.replicas) else math.inf
+        self._next_poll = 0.0 if any(r.tracker for r in self.replicas) else math.inf
+        self._offset = WARMUP_S if cfg.warmup else 0.0
 
     # -- the subscriber's periodic work -----------------------------------------------------------
 
@@ -336,10 +439,23 @@ class Simulator:
             return
         cfg = self.cfg
         while True:
-            nxt = min(self._next_window, self._next_stats, self._next_sweep)
+            nxt = min(self._next_window, self._next_stats, self._next_sweep, self._next_refresh,
+                      self._next_poll)
             if nxt > t:
                 break
-            if nxt == self._next_window:
+            if nxt == self._next_refresh:
+                delivery.run_until(nxt)
+                for r in self.replicas:
+                    if r.refresh_due <= nxt:
+                        r.refresh(nxt)
+                self._next_refresh = min(r.refresh_due for r in self.replicas)
+            elif nxt == self._next_poll:
+                delivery.run_until(nxt)
+                served = self.schedule.served(nxt - self._offset)
+                for r in self.replicas:
+                    r.poll_adapters(nxt, served)
+                self._next_poll += cfg.adapter_poll_s
+            elif nxt == self._next_window:
                 delivery.run_until(nxt)
                 for r in self.replicas:
                     ob = r.outbox
@@ -356,7 +472,7 @@ class Simulator:
                 self.clock.set_now_us(_wall_us(nxt))
                 assert self.index is not None
                 self.index.sweep()
-                self._next_sweep += 60.0
+                self._next_sweep += SWEEP_S
         delivery.run_until(t)
 
     def drain(self) -> None:
@@ -379,6 +495,7 @@ class Simulator:
         index = self.index
         ceiling = cfg.max_concurrency_ceiling
         for r in self.replicas:
+            r.liveness.probe_ok(now)  # the scrape answered: the engine is alive
             c = r.engine.counters
             hit_rate = 0.0
             if r.stats_seen:
@@ -436,6 +553,9 @@ class Simulator:
         now = 0.0
         done = 0
         arrivals: dict[int, float] = {}
+        windows = res.windows
+        window_s = cfg.series_window_s
+        last_arrival = 0.0
         while heap:
             now, _s, kind, data = heapq.heappop(heap)
             self._advance(now)
@@ -484,8 +604,9 @@ class Simulator:
                         dt,
                         tuple(s.matched_tokens for s in scores),
                     )
+                engine_adapter = req.engine_adapter
                 if needs_oracle:
-                    engine_hashes = replicas[0].engine.cache.chain(tokens, req.adapter)
+                    engine_hashes = replicas[0].engine.cache.chain(tokens, engine_adapter)
                     cap = min(len(engine_hashes), (len(tokens) - 1) // bs)
                     route.oracle = {
                         r.name: min(r.engine.cache.match(engine_hashes), cap) * bs
@@ -499,7 +620,7 @@ class Simulator:
                 key = req.index
                 try:
                     target.engine.submit(
-                        key, tokens, req.adapter, req.max_tokens, now, engine_hashes
+                        key, tokens, engine_adapter, req.max_tokens, now, engine_hashes
                     )
                 except ValueError:  # the engine answers 400 (prompt larger than its cache)
                     res.rejected += 1
@@ -507,6 +628,7 @@ class Simulator:
                 load[decision.replica] += 1
                 gateway_of[key] = gw
                 arrivals[key] = now
+                last_arrival = req.arrival
                 admitted = target.engine.schedule(now)
             else:
                 target, k = data
@@ -521,7 +643,17 @@ class Simulator:
                 heapq.heappush(heap, (adm.finish_at, seq, _FINISH, (target, k)))
                 if k < 0:
                     continue
-                ttft.append(adm.first_token_at - arrivals.pop(k))
+                arrived = arrivals.pop(k)
+                t = adm.first_token_at - arrived
+                ttft.append(t)
+                wi = int((arrived - offset) // window_s)
+                while len(windows) <= wi:
+                    windows.append(Window(len(windows) * window_s))
+                w = windows[wi]
+                w.requests += 1
+                w.hit_tokens += adm.hit_tokens
+                w.query_tokens += adm.prompt_tokens
+                w.ttft_s.append(t)
                 done += 1
                 if progress is not None and not done % 1000:
                     progress(done)
@@ -533,6 +665,9 @@ class Simulator:
             res.requests += c.requests - n0
             res.evicted_blocks += c.evicted_blocks
         res.per_replica = per_replica
+        res.workload_seconds = cfg.workload.duration or last_arrival
+        res.refreshed_entries = sum(r.outbox.refreshed for r in replicas if r.outbox)
+        res.adapters_forgotten = sum(r.forgotten for r in replicas)
         res.sim_seconds = now
         res.wall_seconds = time.perf_counter() - started
         if progress is not None:

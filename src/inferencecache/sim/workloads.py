@@ -15,12 +15,21 @@ hold most of it:
   with the *same* 256-token system prompt: identical tokens that are still one cache entry (and
   one index partition) per adapter.
 * ``mix`` — the three at once, in proportion 2:1:1.
+* ``lora-churn`` — ``lora`` with adapters that come and go: each adapter stays loaded for a while
+  (``ChurnShape.on_s``), is unloaded (``off_s``), then loads again as a new version (new
+  weights, so the engine's blocks of the old version never match it). Sessions of an unloaded
+  adapter end (its requests would be refused); :class:`AdapterSchedule` says what every engine
+  serves at any time, as its ``/v1/models`` would list it.
+
+``WorkloadSpec.duration`` > 0 generates every request arriving before it (the request count is
+then ignored), for long simulated runs (``simulate --duration 2h``).
 """
 
 from __future__ import annotations
 
 import array
 import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -32,7 +41,7 @@ VOCAB: Final = 65_536
 """Token ids are drawn uniformly from ``[0, VOCAB)``."""
 
 DEFAULT_MODEL: Final = "sim-model"
-WORKLOADS: Final = ("chat", "rag", "lora", "mix")
+WORKLOADS: Final = ("chat", "rag", "lora", "mix", "lora-churn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,23 @@ class Request:
     max_tokens: int  # output length
     session: str  # conversation / document the prompt belongs to
     kind: str  # chat, rag or lora
+    adapter_version: int = 0  # lora-churn: which load of the adapter served it (0: static)
+
+    @property
+    def engine_adapter(self) -> str:
+        """The adapter as the engine's block hashes see it: name and version (a reload from
+        another path is another adapter to the engine, vLLM's hash keys include the path)."""
+        return engine_adapter(self.adapter, self.adapter_version)
+
+
+def engine_adapter(name: str, version: int) -> str:
+    """``name`` for a static adapter (or the base model), ``name@vN`` for version ``N``."""
+    return f"{name}@v{version}" if version and name else name
+
+
+def served_name(engine_key: str) -> str:
+    """The adapter name of an :func:`engine_adapter` key (what the engine's events carry)."""
+    return engine_key.partition("@")[0]
 
 
 class _Tokens:
@@ -120,8 +146,17 @@ class RagShape:
     zipf_s: float = 0.6
 
 
+@dataclass(frozen=True, slots=True)
+class ChurnShape:
+    """Adapter lifetimes of ``lora-churn`` (seconds, inclusive ranges, uniform)."""
+
+    on_s: tuple[float, float] = (120.0, 360.0)  # a version stays loaded this long
+    off_s: tuple[float, float] = (30.0, 120.0)  # then nothing is loaded this long
+
+
 CHAT: Final = ChatShape()
 RAG: Final = RagShape()
+CHURN: Final = ChurnShape()
 
 
 def lora_adapters(n: int = 8) -> list[str]:
@@ -149,6 +184,8 @@ class WorkloadSpec:
     chat: ChatShape = field(default_factory=lambda: CHAT)
     rag: RagShape = field(default_factory=lambda: RAG)
     lora: ChatShape = field(default_factory=lambda: LORA)
+    duration: float = 0.0  # > 0: every request arriving before it, whatever ``requests`` says
+    churn: ChurnShape = field(default_factory=lambda: CHURN)
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -157,6 +194,68 @@ class WorkloadSpec:
             raise ValueError("requests must not be negative")
         if not self.rate > 0 or math.isinf(self.rate):
             raise ValueError("rate must be a positive number")
+        if not (self.duration >= 0 and math.isfinite(self.duration)):
+            raise ValueError("duration must be a non-negative number")
+        for lo, hi in (self.churn.on_s, self.churn.off_s):
+            if not (0 <= lo <= hi and math.isfinite(hi)):
+                raise ValueError("churn lifetimes must be ranges of non-negative seconds")
+        if self.churn.on_s[1] <= 0:
+            raise ValueError("churn on_s must allow a positive lifetime")
+
+
+class AdapterSchedule:
+    """Which version of each adapter the engines serve at any time (all engines alike).
+
+    Static adapters (``lora``, ``mix``) are always loaded as version 0. ``lora-churn`` adapters
+    alternate loaded (``on_s``) and unloaded (``off_s``) from a random phase; each load is the
+    next version, from 1. Lifetimes come from one RNG per adapter, extended lazily, so any time
+    can be asked in any order and the answer depends on the seed only."""
+
+    def __init__(self, adapters: list[str], seed: int, churn: ChurnShape | None) -> None:
+        self.adapters = tuple(adapters)
+        self.churn = churn
+        self._rngs: dict[str, random.Random] = {}
+        self._lives: dict[str, list[tuple[float, float]]] = {}  # version i+1 loaded [a, b)
+        if churn is not None:
+            for name in self.adapters:
+                rng = random.Random(f"{seed}:churn:{name}")
+                start = -rng.uniform(0.0, churn.on_s[1])
+                self._rngs[name] = rng
+                self._lives[name] = [(start, start + max(1e-3, rng.uniform(*churn.on_s)))]
+
+    def version(self, name: str, t: float) -> int | None:
+        """The version of ``name`` loaded at ``t`` (0 for a static adapter), ``None`` when it is
+        not loaded (or not an adapter of this workload)."""
+        if name not in self.adapters:
+            return None
+        churn = self.churn
+        if churn is None:
+            return 0
+        lives = self._lives[name]
+        rng = self._rngs[name]
+        while lives[-1][1] <= t:
+            load = lives[-1][1] + rng.uniform(*churn.off_s)
+            lives.append((load, load + max(1e-3, rng.uniform(*churn.on_s))))
+        i = bisect.bisect_right(lives, (t, math.inf)) - 1
+        if i >= 0 and lives[i][0] <= t < lives[i][1]:
+            return i + 1
+        return None
+
+    def served(self, t: float) -> dict[str, str]:
+        """What an engine's ``/v1/models`` lists at ``t``: ``{adapter: root}`` (the root, the
+        adapter's path, changes with every version)."""
+        out: dict[str, str] = {}
+        for name in self.adapters:
+            v = self.version(name, t)
+            if v is not None:
+                out[name] = f"/adapters/{name}" + (f"/v{v}" if v else "")
+        return out
+
+
+def adapter_schedule(spec: WorkloadSpec) -> AdapterSchedule:
+    """The adapter lifecycle of ``spec``'s workload (no adapters: an empty schedule)."""
+    churn = spec.churn if spec.name == "lora-churn" else None
+    return AdapterSchedule(adapters_of(spec), spec.seed, churn)
 
 
 class _ChatStream(_Stream):
@@ -164,13 +263,21 @@ class _ChatStream(_Stream):
 
     def __init__(
         self, rate: float, seed: int, spec: WorkloadSpec, tag: str = "chat",
-        shape: ChatShape = CHAT,
+        shape: ChatShape = CHAT, schedule: AdapterSchedule | None = None,
     ) -> None:
         super().__init__("lora" if shape.adapters else "chat", rate, seed, spec, tag)
         self.shape = shape
         mean_turns = (shape.turns[0] + shape.turns[1]) / 2
         self.session_rate = rate / mean_turns
         self.sessions = 0
+        self.schedule = schedule  # adapters that come and go (lora-churn); None: always there
+
+    def _version(self, tenant: int, at: float) -> int | None:
+        """The tenant's adapter version loaded at ``at`` (0: base model or static adapter),
+        ``None`` when its adapter is not loaded (the engine would refuse the request)."""
+        if self.schedule is None or not self.shape.adapters:
+            return 0
+        return self.schedule.version(self.shape.adapters[tenant % len(self.shape.adapters)], at)
 
     def system_key(self, tenant: int) -> str:
         return f"{self.tag}:system" if self.shape.shared_system else f"{self.tag}:system:{tenant}"
@@ -190,8 +297,10 @@ class _ChatStream(_Stream):
         sid = f"{self.tag}-{self.sessions}"
         tenant = rng.randrange(self.shape.tenants)
         turns = rng.randint(*self.shape.turns)
-        history = array.array("I", self.system(tenant))
-        self._turn(sid, tenant, turns, 1, history, at, push)
+        version = self._version(tenant, at)
+        if version is not None:
+            history = array.array("I", self.system(tenant))
+            self._turn(sid, tenant, turns, 1, history, at, push, version)
         self.start(at + self.gap(self.session_rate), push)
 
     def _turn(
@@ -203,7 +312,10 @@ class _ChatStream(_Stream):
         history: array.array[int],
         at: float,
         push: Push,
+        version: int = 0,
     ) -> None:
+        if version and self._version(tenant, at) != version:
+            return  # the adapter was unloaded (or replaced) since: the session ends
         rng = self.rng
         shape = self.shape
         user = self.tok.fresh(rng.randint(*shape.user_tokens))
@@ -215,7 +327,7 @@ class _ChatStream(_Stream):
         def emit() -> Request:
             return Request(
                 0, at, name, adapter or self.spec.model, adapter, prompt, answer_len, sid,
-                self.kind,
+                self.kind, version if adapter else 0,
             )
 
         push(at, emit)
@@ -224,7 +336,7 @@ class _ChatStream(_Stream):
             nxt = prompt + self.tok.fresh(answer_len)
             think = shape.think_s
             when = at + think * 0.2 + self.gap(1.0 / (think * 0.8))
-            push(when, lambda: self._turn(sid, tenant, turns, k + 1, nxt, when, push))
+            push(when, lambda: self._turn(sid, tenant, turns, k + 1, nxt, when, push, version))
 
 
 class _RagStream(_Stream):
@@ -287,23 +399,25 @@ def generate(spec: WorkloadSpec) -> Iterator[Request]:
         _RagStream(rate, seed, spec, "rag", rag).start(0.0, push)
     elif spec.name == "lora":
         _ChatStream(rate, seed, spec, "lora", lora).start(0.0, push)
+    elif spec.name == "lora-churn":
+        _ChatStream(rate, seed, spec, "lora", lora, adapter_schedule(spec)).start(0.0, push)
     else:
         _ChatStream(rate * 0.5, seed, spec, "chat", chat).start(0.0, push)
         _RagStream(rate * 0.25, seed, spec, "rag", rag).start(0.0, push)
         _ChatStream(rate * 0.25, seed, spec, "lora", lora).start(0.0, push)
     emitted = 0
-    while heap and emitted < spec.requests:
-        _at, _n, fn = heapq.heappop(heap)
+    limit = spec.requests if spec.duration <= 0 else math.inf
+    while heap and emitted < limit:
+        at, _n, fn = heapq.heappop(heap)
+        if spec.duration > 0 and at >= spec.duration:
+            break
         req = fn()
         if req is None:
             continue
-        yield Request(
-            emitted, req.arrival, req.tenant, req.model, req.adapter, req.tokens,
-            req.max_tokens, req.session, req.kind,
-        )
+        yield dataclasses.replace(req, index=emitted)
         emitted += 1
 
 
 def adapters_of(spec: WorkloadSpec) -> list[str]:
     """LoRA adapters a workload uses (engines must be started with them)."""
-    return list(spec.lora.adapters) if spec.name in ("lora", "mix") else []
+    return list(spec.lora.adapters) if spec.name in ("lora", "mix", "lora-churn") else []

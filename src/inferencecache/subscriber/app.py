@@ -1,8 +1,11 @@
 """Wiring of one subscriber process: tasks, start-up and graceful shutdown (spec §3.6).
 
 Tasks on one event loop: intake (ZeroMQ) → bounded queue → processor (decode + mapper) →
-forwarder's sender (gRPC), plus the connectivity watcher, the stats reporter and the HTTP
-listener. The gRPC channel connects lazily, so start-up never waits for the server.
+forwarder's sender (gRPC), plus the connectivity watcher, the stats reporter, the refresher
+(resident blocks re-reported while the engine is alive), the adapter poller (unloaded LoRA
+adapters forgotten) and the HTTP listener. The gRPC channel connects lazily, so start-up never
+waits for the server. The refresher and the poller read and change the mapper only between the
+processor's batches (one event loop, no awaits inside the mapper), so nothing needs a lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from inferencecache.config import format_duration
+from inferencecache.subscriber.adapters import AdapterPoller, AdapterTracker
 from inferencecache.subscriber.client import CacheClient
 from inferencecache.subscriber.forwarder import Forwarder
 from inferencecache.subscriber.http import MetricsServer
@@ -28,6 +32,7 @@ from inferencecache.subscriber.mapping import Block, BlockMapper
 from inferencecache.subscriber.messages import Identity
 from inferencecache.subscriber.metrics import SubscriberMetrics
 from inferencecache.subscriber.processor import Processor
+from inferencecache.subscriber.refresh import EngineLiveness, RefreshPacer, run_refresher
 from inferencecache.subscriber.replay import ReplayClient
 from inferencecache.subscriber.resync import watch_connectivity
 from inferencecache.subscriber.settings import SubscribeSettings
@@ -63,6 +68,8 @@ class Subscriber:
         self.forwarder: Forwarder | None = None
         self.mapper: BlockMapper | None = None
         self.intake: Intake | None = None
+        self.liveness: EngineLiveness | None = None
+        self.pacer: RefreshPacer | None = None
         self._stopping = False
 
     def healthy(self) -> bool:
@@ -83,6 +90,16 @@ class Subscriber:
             self.client.forget_capabilities()
         if self.forwarder is not None:
             self.forwarder.request_resync()
+
+    def _engine_paused(self, paused: bool) -> None:
+        """The refresher's view of the engine flipped (logged once per flip)."""
+        self.metrics.engine_alive.set(0 if paused else 1)
+        if paused:
+            log.warning("engine not alive; pausing the refresh of its blocks (they expire by "
+                        "the server's TTL unless it comes back)")
+        else:
+            log.info("engine alive; refreshing its resident blocks",
+                     extra={"refresh_interval": format_duration(self.settings.refresh_interval)})
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -118,6 +135,9 @@ class Subscriber:
                 "ignore_block_removed": s.ignore_block_removed,
                 "trust_lora_name": s.trust_lora_name,
                 "batch_evictions": s.batch_evictions,
+                "refresh_interval": format_duration(s.refresh_interval),
+                "engine_models_url": s.engine_models_url,
+                "adapter_poll_interval": format_duration(s.effective_adapter_poll_interval),
             },
         )
         self.client = CacheClient(str(s.server))
@@ -155,6 +175,26 @@ class Subscriber:
         self._spawn("processor", self.processor.run())
         self._spawn("sender", self.forwarder.run())
         self._spawn("connectivity", watch_connectivity(self.client.channel, self._on_reconnect))
+        intake = self.intake
+        self.liveness = EngineLiveness(
+            s.liveness_window,
+            connected=lambda: intake.connected,
+            last_event=self.metrics.last_event_at,
+        )
+        if s.refresh_interval > 0:
+            self.pacer = RefreshPacer(s.refresh_interval)
+            self._spawn("refresher", run_refresher(
+                self.pacer, self.mapper, self.liveness, on_pause=self._engine_paused))
+        if s.engine_models_url:
+            poller = AdapterPoller(
+                AdapterTracker(self.mapper, self.metrics),
+                self.metrics,
+                url=s.engine_models_url,
+                model_id=s.model_id,
+                interval=s.effective_adapter_poll_interval,
+                on_answer=self.liveness.probe_ok,
+            )
+            self._spawn("adapters", poller.run())
         if s.engine_metrics_url:
             profile = make_profile(
                 s.hash_scheme, s.cache_tier, s.engine_cache_size_bytes, s.max_concurrency_ceiling
@@ -167,6 +207,7 @@ class Subscriber:
                 url=s.engine_metrics_url,
                 interval=s.effective_stats_interval,
                 model_name=s.engine_model_name,
+                on_scrape=self.liveness.probe_ok,
             )
             self._spawn("stats", stats.run())
 
@@ -209,6 +250,8 @@ class Subscriber:
             if not done:
                 log.warning("stats reporter drain timed out")
         await self._cancel("connectivity")
+        await self._cancel("refresher")
+        await self._cancel("adapters")
         await self._close_io()
         log.info("kvevent-subscriber stopped")
 

@@ -206,6 +206,18 @@ class Forwarder:
         if self._resync_pending:
             self.metrics.adds_not_sent.inc(len(entries))
             return
+        self._pend(entries, ts_us)
+
+    def refresh(self, entries: list[Entry]) -> None:
+        """Resident blocks re-reported by the refresher: pending adds at "now", so they ride
+        along with the engine's own adds and keep their place in the one ordered queue (an
+        eviction that follows is sent after them)."""
+        if self._resync_pending:
+            return  # the resync re-sends every resident block anyway
+        self.metrics.refresh_entries.inc(len(entries))
+        self._pend(entries, 0)
+
+    def _pend(self, entries: list[Entry], ts_us: int) -> None:
         pending = self._pending
         pending.extend(entries)
         if ts_us > 0:

@@ -83,6 +83,11 @@ class Intake:
         self._connected = False
         self.subscribed = asyncio.Event()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the SUB socket is connected to the engine now (its monitor's view)."""
+        return self._connected
+
     async def run(self) -> None:
         """Dial, receive, redial on errors; returns only when cancelled."""
         while True:

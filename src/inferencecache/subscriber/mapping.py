@@ -10,6 +10,8 @@ is always the token fingerprint, chained from the parent's prefix hash.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from inferencecache.fingerprint import chain_packed, split_packed
@@ -27,6 +29,19 @@ _INT32_MAX: Final = (1 << 31) - 1
 
 # (prefix_hash, cumulative tokens, adapter, media). Immutable: a resync snapshot is a list copy.
 Block = tuple[bytes, int, str, frozenset[str]]
+
+MAX_RETIRED: Final = 1 << 20
+"""Blocks of forgotten adapters kept per group only to resolve later stores' parents."""
+
+
+@dataclass(slots=True)
+class _Partition:
+    """Bookkeeping of one non-empty adapter partition (adapter lifecycle, ``adapters.py``)."""
+
+    engine_name: str  # the events' lora_name, else the partition name
+    named: bool  # engine_name came from the engine's own events
+    since: int  # generation of the batch that stored its first block
+    blocks: int  # engine blocks of it in the reverse map
 
 
 class Outbox(Protocol):
@@ -47,6 +62,9 @@ class Outbox(Protocol):
     def clear(self, ts_us: int) -> None:
         """Discard pending adds and send ``ALL_CLEARED``."""
 
+    def refresh(self, entries: list[Entry]) -> None:
+        """Resident blocks re-reported at "now" (the refresher), in order with everything else."""
+
 
 class BlockMapper:
     """Applies decoded batches to the reverse map and emits contract actions."""
@@ -66,6 +84,12 @@ class BlockMapper:
         self.metrics = metrics
         self.ignore_block_removed = ignore_block_removed
         self._groups: dict[int, dict[bytes, Block]] = {}
+        # Blocks of adapters the engine no longer serves: gone from the index and from
+        # _groups, kept only so a store chained to one (a reloaded adapter hitting its old
+        # cached blocks) still gets the right fingerprint instead of a fresh chain.
+        self._retired: dict[int, dict[bytes, Block]] = {}
+        self._partitions: dict[str, _Partition] = {}
+        self.generation = 0  # batches applied: the adapter tracker's clock of the stream
         self._bigram_warned = False
         m = metrics
         self._ignored_group = m.events_ignored["group"]
@@ -90,9 +114,71 @@ class BlockMapper:
 
     def engine_restarted(self) -> None:
         """The engine went away (restart or disconnect): forget it and clear the server."""
-        self._groups.clear()
+        self.generation += 1
+        self._forget_all()
         self.metrics.tracked_blocks.set(0)
         self.outbox.clear(0)
+
+    def _forget_all(self) -> None:
+        self._groups.clear()
+        self._retired.clear()
+        self._partitions.clear()
+
+    # ---- refresh (refresh.py) ---------------------------------------------------------------
+
+    def resident(self) -> list[tuple[int, list[bytes]]]:
+        """Engine hashes of every resident block, per group (list copies)."""
+        return [(g, list(blocks)) for g, blocks in self._groups.items() if blocks]
+
+    def refresh(self, group: int, keys: Sequence[bytes]) -> int:
+        """Re-report the blocks of ``keys`` still resident, as they are now; returns how many."""
+        blocks = self._groups.get(group)
+        if not blocks:
+            return 0
+        get = blocks.get
+        entries: list[Entry] = []
+        append = entries.append
+        for h in keys:
+            b = get(h)
+            if b is not None:
+                append((b[0], b[1], b[2], best_tier(b[3])))
+        if entries:
+            self.outbox.refresh(entries)
+        return len(entries)
+
+    # ---- adapter lifecycle (adapters.py) ----------------------------------------------------
+
+    def adapter_partitions(self) -> dict[str, tuple[str, bool, int]]:
+        """Non-empty adapter partitions: ``{partition: (engine name, named by the engine's
+        events, generation of its first block)}``."""
+        return {a: (p.engine_name, p.named, p.since) for a, p in self._partitions.items()}
+
+    def forget_adapter(self, partition: str) -> int:
+        """The engine no longer serves this adapter: evict its blocks from the index (one
+        ``PREFIX_EVICTED`` per block, batched by the forwarder) and forget them. Returns how
+        many blocks were dropped. Later stores of the partition start fresh."""
+        if not partition:
+            return 0
+        self._partitions.pop(partition, None)
+        gone: list[bytes] = []
+        for group, blocks in self._groups.items():
+            keys = [h for h, b in blocks.items() if b[2] == partition]
+            if not keys:
+                continue
+            retired = self._retired.setdefault(group, {})
+            for h in keys:
+                b = blocks.pop(h)
+                retired[h] = b
+                gone.append(b[0])
+            while len(retired) > MAX_RETIRED:
+                del retired[next(iter(retired))]
+        if gone:
+            out = self.outbox
+            out.flush()
+            for prefix in gone:
+                out.evict(prefix, partition, 0)
+            self.metrics.tracked_blocks.set(self.block_count())
+        return len(gone)
 
     # ---- events -----------------------------------------------------------------------------
 
@@ -100,6 +186,7 @@ class BlockMapper:
         """Apply every event of one accepted batch, in order."""
         ts_us = timestamp_us(batch.ts)
         m = self.metrics
+        self.generation += 1
         stored = removed = cleared = 0
         for ev in batch.events:
             if type(ev) is BlockStored:
@@ -110,7 +197,7 @@ class BlockMapper:
                 self._removed(ev, ts_us)
             elif type(ev) is AllBlocksCleared:
                 cleared += 1
-                self._groups.clear()
+                self._forget_all()
                 self.outbox.clear(ts_us)
         if stored:
             m.events["BlockStored"].inc(stored)
@@ -176,13 +263,19 @@ class BlockMapper:
         blocks = self._groups.get(group)
         if blocks is None:
             blocks = self._groups[group] = {}
+        retired = self._retired.get(group) if self._retired else None
         parent: int | None = None
         start = 0
         if ev.parent_block_hash is not None:
             pb_ = blocks.get(ev.parent_block_hash)
+            if pb_ is None and retired:
+                pb_ = retired.get(ev.parent_block_hash)
             if pb_ is not None:
                 parent = int.from_bytes(pb_[0], "big")
                 start = pb_[1]
+        if retired:
+            for h in hashes:
+                retired.pop(h, None)  # live again
         prefixes = split_packed(chain_packed(tokens, bs, parent))
         fresh = only(medium)
         fresh_tier = best_tier(fresh)
@@ -191,6 +284,7 @@ class BlockMapper:
         append = entries.append
         get = blocks.get
         count = start
+        before = len(blocks)
         for h, prefix in zip(hashes, prefixes, strict=True):
             count += bs
             tokens_i = count if count <= limit else limit
@@ -204,10 +298,37 @@ class BlockMapper:
                 media = media | fresh
             blocks[h] = (prefix, tokens_i, adapter, media)
             append((prefix, tokens_i, adapter, best_tier(media)))
+        if adapter:
+            self._note_adapter(adapter, ev.lora_name, len(blocks) - before)
         self.outbox.add_many(entries, ts_us)
 
+    def _note_adapter(self, adapter: str, lora_name: str | None, new_blocks: int) -> None:
+        p = self._partitions.get(adapter)
+        if p is None:
+            if not new_blocks:
+                return
+            named = bool(lora_name)
+            p = self._partitions[adapter] = _Partition(
+                lora_name if lora_name else adapter, named, self.generation, 0)
+        elif lora_name and (not p.named or p.engine_name != lora_name):
+            p.engine_name, p.named = lora_name, True
+        p.blocks += new_blocks
+
+    def _dropped_from(self, adapter: str) -> None:
+        p = self._partitions.get(adapter)
+        if p is not None:
+            p.blocks -= 1
+            if p.blocks <= 0:
+                del self._partitions[adapter]
+
     def _removed(self, ev: BlockRemoved, ts_us: int) -> None:
-        blocks = self._groups.get(ev.group_idx or 0)
+        group = ev.group_idx or 0
+        if self._retired:
+            retired = self._retired.get(group)
+            if retired:
+                for h in ev.block_hashes:
+                    retired.pop(h, None)
+        blocks = self._groups.get(group)
         if not blocks:
             return
         medium = normalize_medium(ev.medium)
@@ -221,6 +342,8 @@ class BlockMapper:
             media = b[3] - gone
             if not media:
                 del blocks[h]
+                if b[2]:
+                    self._dropped_from(b[2])
                 if self.ignore_block_removed and medium == GPU:
                     downgrades.append((b[0], b[1], b[2], T2))
                 else:

@@ -20,6 +20,7 @@ FRAME_REASONS = ("frame_count", "seq_length")
 RPCS = ("ReportCacheState", "PublishEvent", "stats")
 RESTART_CAUSES = ("seq_regression", "disconnect")
 STATS_RESULTS = ("ok", "scrape_failed", "send_failed", "rejected")
+POLL_RESULTS = ("ok", "failed")
 TIERS = ("T1", "T2")
 
 
@@ -67,6 +68,23 @@ class SubscriberMetrics:
         self.resync_entries = counter("resync_entries", "Prefix entries re-sent by resyncs.")
         ticks = counter("stats_ticks", "Stats ticks, by result.", ("result",))
         self.stats_ticks = {k: ticks.labels(k) for k in STATS_RESULTS}
+        self.refresh_entries = counter(
+            "refresh_entries", "Resident blocks re-reported by the refresher (--refresh-interval)."
+        )
+        self.engine_alive = Gauge(
+            PREFIX + "engine_alive",
+            "1 while the engine counts as alive (the refresher runs), else 0.",
+            registry=r,
+        )
+        polls = counter("adapter_polls", "Engine adapter listings (/v1/models), by result.",
+                        ("result",))
+        self.adapter_polls = {k: polls.labels(k) for k in POLL_RESULTS}
+        self.adapters_forgotten = counter(
+            "adapters_forgotten", "Adapter partitions dropped because the engine unloaded them."
+        )
+        self.adapter_blocks_forgotten = counter(
+            "adapter_blocks_forgotten", "Blocks evicted from the index with their unloaded adapter."
+        )
         self.tracked_blocks = Gauge(
             PREFIX + "tracked_blocks", "Engine blocks in the reverse map.", registry=r
         )
@@ -84,3 +102,7 @@ class SubscriberMetrics:
     def mark_event(self) -> None:
         """Record that an engine batch arrived now."""
         self._last_event = time.monotonic()
+
+    def last_event_at(self) -> float | None:
+        """``time.monotonic()`` of the last engine message, ``None`` before the first."""
+        return self._last_event or None

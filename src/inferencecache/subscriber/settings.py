@@ -21,27 +21,27 @@ from inferencecache.config import (
     setting,
 )
 from inferencecache.subscriber.lora import parse_adapter_names
+from inferencecache.subscriber.refresh import DEFAULT_INTERVAL, LIVENESS_PROBES
 
 CACHE_TIERS: Final = ("auto", "kv", "gpu", "cpu")
 DEFAULT_WINDOW: Final = 0.1
 DEFAULT_STATS_INTERVAL: Final = 10.0
+DEFAULT_ADAPTER_POLL_INTERVAL: Final = 10.0
 
 DEFAULT_SERVER: Final = HostPort("127.0.0.1", 9090)
 DEFAULT_METRICS_ADDRESS: Final = HostPort("127.0.0.1", 9091)
 
-def check_metrics_url(url: str) -> None:
-    """``ValueError`` naming ``--engine-metrics-url`` unless ``url`` is http(s)://host[:port]..."""
+def check_metrics_url(url: str, flag: str = "--engine-metrics-url") -> None:
+    """``ValueError`` naming ``flag`` unless ``url`` is http(s)://host[:port]..."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a bad or out-of-range port raises here)
     except ValueError:
-        raise ValueError(f"--engine-metrics-url: {url!r} has a bad port") from None
+        raise ValueError(f"{flag}: {url!r} has a bad port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"--engine-metrics-url: {url!r} is not an http:// or https:// URL with a host"
-        )
+        raise ValueError(f"{flag}: {url!r} is not an http:// or https:// URL with a host")
     if any(c.isspace() for c in url):
-        raise ValueError(f"--engine-metrics-url: {url!r} contains whitespace")
+        raise ValueError(f"{flag}: {url!r} contains whitespace")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,23 @@ class SubscribeSettings:
         help="Send the evictions of a batch as one PublishEvent (prefix_hashes, field 8); "
         "=false: one PublishEvent per evicted block.",
     )
+    refresh_interval: float = setting(
+        DEFAULT_INTERVAL,
+        param=DURATION,
+        help="Re-report every resident block once per this interval, spread evenly, while the "
+        "engine is alive, so live blocks never expire from the index (keep it <= the server's "
+        "TTL / 3; 0 disables).",
+    )
+    engine_models_url: str = setting(
+        "http://127.0.0.1:8000/v1/models",
+        help="Engine OpenAI /v1/models URL, polled to drop the blocks of unloaded LoRA adapters "
+        '("" disables).',
+        metavar="URL",
+    )
+    adapter_poll_interval: float = setting(
+        DEFAULT_ADAPTER_POLL_INTERVAL, param=DURATION,
+        help="How often --engine-models-url is polled (<=0: 10s).",
+    )
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
@@ -123,6 +140,12 @@ class SubscribeSettings:
             raise ValueError(f"--lora-adapter-names: {e}") from None
         if self.engine_metrics_url:
             check_metrics_url(self.engine_metrics_url)
+        if self.engine_models_url:
+            check_metrics_url(self.engine_models_url, "--engine-models-url")
+        if self.refresh_interval < 0:
+            raise ValueError(
+                f"--refresh-interval: must be >= 0 (0 disables), got {self.refresh_interval}"
+            )
 
     @property
     def adapter_names(self) -> dict[int, str]:
@@ -138,3 +161,21 @@ class SubscribeSettings:
     def effective_stats_interval(self) -> float:
         """The stats cadence; non-positive means the 10 s default."""
         return self.stats_interval if self.stats_interval > 0 else DEFAULT_STATS_INTERVAL
+
+    @property
+    def effective_adapter_poll_interval(self) -> float:
+        """The adapter listing cadence; non-positive means the 10 s default."""
+        if self.adapter_poll_interval > 0:
+            return self.adapter_poll_interval
+        return DEFAULT_ADAPTER_POLL_INTERVAL
+
+    @property
+    def liveness_window(self) -> float:
+        """Seconds without an HTTP answer or an engine event after which an engine whose probes
+        used to answer counts as dead: three intervals of the slowest probe configured."""
+        probes = []
+        if self.engine_metrics_url:
+            probes.append(self.effective_stats_interval)
+        if self.engine_models_url:
+            probes.append(self.effective_adapter_poll_interval)
+        return LIVENESS_PROBES * max(probes, default=DEFAULT_STATS_INTERVAL)

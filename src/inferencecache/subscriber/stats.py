@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -244,7 +245,10 @@ class StatsReporter:
         interval: float,
         model_name: str = "",
         scrape_timeout: float = SCRAPE_TIMEOUT,
+        on_scrape: Callable[[float], None] | None = None,
     ) -> None:
+        """``on_scrape(time.monotonic())`` after each answered scrape (engine liveness)."""
+        self.on_scrape = on_scrape
         self.client = client
         self.ident = ident
         self.metrics = metrics
@@ -275,7 +279,10 @@ class StatsReporter:
     async def tick(self) -> bool:
         """One scrape-and-send; ``True`` when the stats were delivered and accepted."""
         try:
-            values = self.profile.compute(Families(await self.scrape(), self.model_name))
+            text = await self.scrape()
+            if self.on_scrape is not None:
+                self.on_scrape(time.monotonic())
+            values = self.profile.compute(Families(text, self.model_name))
         except StatsError as e:
             self._failed("scrape_failed", str(e))
             return False
