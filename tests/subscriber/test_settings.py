@@ -46,6 +46,23 @@ def test_defaults() -> None:
     assert s.ignore_block_removed is False and s.trust_lora_name is True
     assert s.replay_endpoint == "" and s.adapter_names == {}
     assert s.batch_evictions is True
+    assert s.refresh_interval == 600.0  # the server's default TTL (30 min) / 3
+    assert s.engine_models_url == "http://127.0.0.1:8000/v1/models"
+    assert s.adapter_poll_interval == 10.0
+    assert s.liveness_window == 30.0  # three 10 s probe intervals
+
+
+def test_refresh_and_adapter_flags() -> None:
+    s = parse(*REQUIRED, "--refresh-interval", "0", "--engine-models-url", "",
+              "--adapter-poll-interval", "0", "--engine-metrics-url", "")
+    assert s.refresh_interval == 0 and s.engine_models_url == ""
+    assert s.effective_adapter_poll_interval == 10.0  # <= 0 means the default, like stats
+    s = parse(*REQUIRED, "--refresh-interval", "2m", "--adapter-poll-interval", "1s",
+              "--stats-interval", "500ms")
+    assert s.refresh_interval == 120.0
+    assert s.liveness_window == 3.0  # the slowest probe (the 1 s poll) x 3
+    s = parse(*REQUIRED, "--engine-models-url", "", "--stats-interval", "2s")
+    assert s.liveness_window == 6.0
 
 
 @pytest.mark.parametrize(
@@ -139,6 +156,10 @@ def test_s13_58_bad_cache_tier_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         (["--replay-endpoint", "tcp://nohostport"], "--replay-endpoint"),
         (["--no-such-flag"], "--no-such-flag"),
         (["--stats-interval", "5"], "--stats-interval"),
+        (["--refresh-interval", "-1s"], "--refresh-interval"),
+        (["--refresh-interval", "10"], "--refresh-interval"),
+        (["--engine-models-url", "localhost:8000/v1/models"], "--engine-models-url"),
+        (["--adapter-poll-interval", "x"], "--adapter-poll-interval"),
     ],
 )
 def test_s13_37_83_bad_values_exit_2_with_one_line(
@@ -156,5 +177,6 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out: Any = capsys.readouterr().out
     assert (e.value.code or 0) == 0
     for flag in ("--engine-endpoint", "--topic", "--replay-endpoint", "--trust-lora-name",
-                 "--metrics-address", "--block-size", "--lora-adapter-names"):
+                 "--metrics-address", "--block-size", "--lora-adapter-names",
+                 "--refresh-interval", "--engine-models-url", "--adapter-poll-interval"):
         assert flag in out

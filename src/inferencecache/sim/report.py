@@ -15,9 +15,11 @@ overhead is the time spent obtaining the policy's signal per request (LookupRout
      "series": {"window_s": float,
                 "policies": {"<policy>": [{"start_s": float, "span_s": float,
                                            "hit_rate": float, "ttft_p90_ms": float,
-                                           "requests": int}, ...]}}
+                                           "requests": int, "stale_hints": int}, ...]}}
 
-``span_s`` is the part of the window the run covered (the last one may be partial).
+``span_s`` is the part of the window the run covered (the last one may be partial);
+``stale_hints`` counts the window's requests routed on a ``PREFIX_MATCH`` whose first replica
+held fewer of the prompt's blocks than the hint said (``cache_aware`` only).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any, Final
 from rich.table import Table
 
 FIELDS: Final = ("hit_rate", "ttft_p50_ms", "ttft_p90_ms", "requests", "hint_overhead_p50_ms")
-SERIES_FIELDS: Final = ("start_s", "span_s", "hit_rate", "ttft_p90_ms", "requests")
+SERIES_FIELDS: Final = ("start_s", "span_s", "hit_rate", "ttft_p90_ms", "requests", "stale_hints")
+_SERIES_INTS: Final = ("requests", "stale_hints")
 SERIES_MIN_SPAN: Final = 0.5
 """Windows covering less than this share of ``window_s`` are left out of the targets."""
 SERIES_MIN_ORACLE: Final = 0.97
@@ -66,7 +69,8 @@ def summary(
 
 
 def series_row(
-    start_s: float, span_s: float, hit_rate: float, ttft_s: Sequence[float], requests: int
+    start_s: float, span_s: float, hit_rate: float, ttft_s: Sequence[float], requests: int,
+    stale_hints: int = 0,
 ) -> dict[str, float | int]:
     """One window of a policy's time series."""
     return {
@@ -75,6 +79,7 @@ def series_row(
         "hit_rate": round(hit_rate, 6),
         "ttft_p90_ms": round(percentile(ttft_s, 90) * 1000, 3),
         "requests": int(requests),
+        "stale_hints": int(stale_hints),
     }
 
 
@@ -99,7 +104,8 @@ def document(
         doc["series"] = {
             "window_s": float(window_s),
             "policies": {
-                name: [{k: (int(r[k]) if k == "requests" else float(r[k])) for k in SERIES_FIELDS}
+                name: [{k: (int(r[k]) if k in _SERIES_INTS else float(r[k]))
+                        for k in SERIES_FIELDS}
                        for r in rows]
                 for name, rows in series.items()
             },
@@ -350,9 +356,9 @@ def _is_series(series: Any) -> bool:
         for r in rows:
             if not isinstance(r, dict) or set(r) != set(SERIES_FIELDS):
                 return False
-            if type(r["requests"]) is not int:
+            if any(type(r[k]) is not int for k in _SERIES_INTS):
                 return False
             if any(type(r[k]) is not float or not math.isfinite(r[k])
-                   for k in SERIES_FIELDS if k != "requests"):
+                   for k in SERIES_FIELDS if k not in _SERIES_INTS):
                 return False
     return True

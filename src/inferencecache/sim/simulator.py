@@ -155,6 +155,7 @@ class Window:
     hit_tokens: int = 0
     query_tokens: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    stale_hints: int = 0  # hints naming more tokens than the replica held (see PolicyResult)
 
     @property
     def hit_rate(self) -> float:
@@ -182,6 +183,9 @@ class PolicyResult:
     workload_seconds: float = 0.0  # workload time covered: the duration, or the last arrival
     refreshed_entries: int = 0  # entries re-reported by the replicas' refreshers
     adapters_forgotten: int = 0  # adapter partitions dropped by the replicas' trackers
+    # PREFIX_MATCH answers whose first replica held fewer of the prompt's leading blocks than
+    # the hint said when the request was routed (the index lags, or holds what is gone)
+    stale_hints: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -194,7 +198,7 @@ class PolicyResult:
         """The per-window rows of the JSON document (``report.series_row``)."""
         end = self.workload_seconds
         return [report.series_row(w.start_s, min(self.window_s, max(0.0, end - w.start_s)),
-                                  w.hit_rate, w.ttft_s, w.requests)
+                                  w.hit_rate, w.ttft_s, w.requests, w.stale_hints)
                 for w in self.windows]
 
 
@@ -555,6 +559,7 @@ class Simulator:
         arrivals: dict[int, float] = {}
         windows = res.windows
         window_s = cfg.series_window_s
+        stale_keys: set[int] = set()
         last_arrival = 0.0
         while heap:
             now, _s, kind, data = heapq.heappop(heap)
@@ -580,6 +585,8 @@ class Simulator:
                     load=dict(load),
                 )
                 engine_hashes: list[int] | None = None
+                engine_adapter = req.engine_adapter
+                stale = False
                 if needs_hint and router is not None:
                     self.clock.set_now_us(_wall_us(now))
                     t0 = time.perf_counter()
@@ -604,7 +611,10 @@ class Simulator:
                         dt,
                         tuple(s.matched_tokens for s in scores),
                     )
-                engine_adapter = req.engine_adapter
+                    if scores and result.reason_code == "PREFIX_MATCH":
+                        engine_hashes = replicas[0].engine.cache.chain(tokens, engine_adapter)
+                        held = by_name[scores[0].replica_id].engine.cache.match(engine_hashes)
+                        stale = scores[0].matched_tokens > held * bs
                 if needs_oracle:
                     engine_hashes = replicas[0].engine.cache.chain(tokens, engine_adapter)
                     cap = min(len(engine_hashes), (len(tokens) - 1) // bs)
@@ -629,6 +639,9 @@ class Simulator:
                 gateway_of[key] = gw
                 arrivals[key] = now
                 last_arrival = req.arrival
+                if stale:
+                    res.stale_hints += 1
+                    stale_keys.add(key)
                 admitted = target.engine.schedule(now)
             else:
                 target, k = data
@@ -654,6 +667,9 @@ class Simulator:
                 w.hit_tokens += adm.hit_tokens
                 w.query_tokens += adm.prompt_tokens
                 w.ttft_s.append(t)
+                if k in stale_keys:
+                    stale_keys.discard(k)
+                    w.stale_hints += 1
                 done += 1
                 if progress is not None and not done % 1000:
                     progress(done)

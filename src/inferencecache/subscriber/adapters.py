@@ -215,5 +215,10 @@ class AdapterPoller:
                 await self.poll()
                 await asyncio.sleep(self.interval)
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session (``run`` does it when cancelled)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
