@@ -194,7 +194,8 @@ def targets(doc: Mapping[str, Any]) -> list[tuple[str, bool | None, str]]:
     return out
 
 
-def _full_windows(rows: Sequence[Mapping[str, Any]], window_s: float) -> list[Mapping[str, Any]]:
+def full_windows(rows: Sequence[Mapping[str, Any]], window_s: float) -> list[Mapping[str, Any]]:
+    """The rows the targets judge: covering at least half a window, with requests."""
     return [r for r in rows
             if float(r["span_s"]) >= SERIES_MIN_SPAN * window_s and int(r["requests"]) > 0]
 
@@ -208,8 +209,8 @@ def series_targets(doc: Mapping[str, Any]) -> list[tuple[str, bool | None, str]]
     pols: Mapping[str, Sequence[Mapping[str, Any]]] = series["policies"]
     name_o = f"cache_aware >= {SERIES_MIN_ORACLE:.0%} of oracle's hit rate in every window"
     name_t = f"cache_aware TTFT p90 <= {SERIES_MAX_TTFT_DRIFT:.2f}x its first window"
-    ca = _full_windows(pols.get("cache_aware", ()), window_s)
-    orc = {float(r["start_s"]): r for r in _full_windows(pols.get("oracle", ()), window_s)}
+    ca = full_windows(pols.get("cache_aware", ()), window_s)
+    orc = {float(r["start_s"]): r for r in full_windows(pols.get("oracle", ()), window_s)}
     out: list[tuple[str, bool | None, str]] = []
     later = ca[1:]
     pairs = [(r, orc[float(r["start_s"])]) for r in later if float(r["start_s"]) in orc]
