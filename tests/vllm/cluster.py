@@ -33,6 +33,7 @@ from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 from tests.vllm.engine import BLOCK, MODEL_NAME, VllmAssets, VllmEngine, http_json
 
 INDEX_WAIT_S = 20.0  # engine step -> ZeroMQ -> subscriber (100 ms window) -> gRPC -> index
+ADAPTER_POLL_S = 1.0  # the subscribers' --adapter-poll-interval (GET <engine>/v1/models)
 SMALL_CACHE_BLOCKS = 48  # engine B: 1,536 tokens, so a few long prompts evict older ones
 WORDS = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
@@ -98,6 +99,8 @@ class Cluster:
             "subscribe", "--replica-id", replica, "--model-id", MODEL_NAME,
             "--engine-endpoint", engine.events_endpoint, "--server", self.grpc_address,
             "--block-size", str(BLOCK), "--engine-metrics-url", f"{engine.url}/metrics",
+            "--engine-models-url", f"{engine.url}/v1/models",
+            "--adapter-poll-interval", f"{ADAPTER_POLL_S:g}s",
             "--metrics-address", "127.0.0.1:0", "--stats-interval", "2s", *args,
         )
         self.subscribers[replica] = sub

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inferencecache.tokenize.openai import chat_prompt_ids
-from tests.vllm.cluster import Cluster, full_blocks
+from tests.vllm.cluster import ADAPTER_POLL_S, Cluster, full_blocks
 from tests.vllm.engine import BLOCK, MODEL_NAME, http_json
 
 # func_only: the session fixture's set-up (setup-vllm, two engine starts) has its own bounds.
@@ -114,6 +114,53 @@ def test_lora_adapter_and_base_model_are_separate_partitions(cluster: Cluster) -
                                     {"lora_name": "chat-lora"})
         assert status == 200, body
     assert cluster.sub_metric("A", "lora_drops_total") == 0
+
+
+def _lora(cluster: Cluster, op: str, name: str, path: str = "") -> None:
+    body = {"lora_name": name, **({"lora_path": path} if path else {})}
+    status, _, resp = http_json(cluster.engines["A"].url + f"/v1/{op}_lora_adapter", body)
+    assert status == 200, resp
+
+
+def test_unloaded_adapters_hints_go_within_a_poll_interval_and_a_reload_starts_fresh(
+    cluster: Cluster,
+) -> None:
+    """Issue 11 item 2: vLLM publishes no KV event on /v1/unload_lora_adapter; A's subscriber
+    polls /v1/models every second and drops the adapter's partition for A once it is gone. The
+    base model's and the still-loaded sql-lora's hints are untouched; the adapter loaded again
+    starts from nothing and indexes what it stores from then on."""
+    name, path = "item11-lora", str(cluster.assets.adapter("chat-lora"))
+    _lora(cluster, "load", name, path)
+    try:
+        ids = cluster.serve("A", cluster.prompt("item11 adapter", blocks=4), model=name)
+        base = cluster.serve("A", cluster.prompt("item11 base", blocks=4))
+        sql = cluster.serve("A", cluster.prompt("item11 sql", blocks=3), model="sql-lora")
+        cluster.wait_held(ids, {"A": full_blocks(len(ids))}, adapter=name)
+        cluster.wait_held(base, {"A": full_blocks(len(base))})
+        cluster.wait_held(sql, {"A": full_blocks(len(sql))}, adapter="sql-lora")
+        forgotten = cluster.sub_metric("A", "adapters_forgotten_total")
+    finally:
+        _lora(cluster, "unload", name)
+    t0 = time.monotonic()
+    # bounded by one poll interval plus the engine's answer and the eviction's way to the index
+    cluster.wait_held(ids, {}, adapter=name, timeout=ADAPTER_POLL_S + 4.0)
+    cluster.timings["adapter unloaded -> its hints gone"] = time.monotonic() - t0
+    # (>=: chat-lora, unloaded by the previous test, may have been dropped meanwhile too)
+    assert cluster.sub_metric("A", "adapters_forgotten_total") >= forgotten + 1
+    assert cluster.sub_metric("A", "adapter_blocks_forgotten_total") >= 4
+    assert cluster.held(base) == {"A": full_blocks(len(base))}
+    assert cluster.held(sql, adapter="sql-lora") == {"A": full_blocks(len(sql))}
+
+    _lora(cluster, "load", name, path)
+    try:
+        fresh = cluster.serve("A", cluster.prompt("item11 reloaded", blocks=3), model=name)
+        cluster.wait_held(fresh, {"A": full_blocks(len(fresh))}, adapter=name)
+        assert cluster.held(ids, adapter=name) == {}  # the old partition does not come back
+        time.sleep(2 * ADAPTER_POLL_S)  # listed again: later polls keep the new blocks
+        assert cluster.held(fresh, adapter=name) == {"A": full_blocks(len(fresh))}
+    finally:
+        _lora(cluster, "unload", name)
+    assert cluster.sub_metric("A", "adapter_polls_total", result="failed") == 0
 
 
 def test_late_subscriber_learns_earlier_blocks_from_the_replay_endpoint(
