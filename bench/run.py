@@ -9,6 +9,7 @@ Sections (each is another script's ``run(quick)``; nothing is measured twice):
 - ``index``       bench/index.py: bytes per hold, store walk
 - ``grpc_lookup`` bench/grpc_lookup.py: LookupRoute over gRPC on loopback
 - ``e2e_ingest``  bench/e2e_ingest.py: fake engine → subscriber → server, blocks/s
+- ``refresh``     bench/refresh.py: CPU of keeping live holds alive (subscriber and server)
 
 ``--quick`` fits in 10 minutes on 2 cores. ``--smoke`` (CI) is tiny and checks correctness only
 (both sides' answers against the oracle), never timing; the other sections are only imported.
@@ -39,7 +40,8 @@ from typing import Any
 
 from bench import common
 
-SECTIONS = ("vs_dynamo", "service", "fingerprint", "index", "grpc_lookup", "e2e_ingest")
+SECTIONS = ("vs_dynamo", "service", "fingerprint", "index", "grpc_lookup", "e2e_ingest",
+            "refresh")
 MODULES = {
     "vs_dynamo": "bench.vs_dynamo",
     "service": "bench.vs_dynamo_service",
@@ -47,6 +49,7 @@ MODULES = {
     "index": "bench.index",
     "grpc_lookup": "bench.grpc_lookup",
     "e2e_ingest": "bench.e2e_ingest",
+    "refresh": "bench.refresh",
 }
 
 # key -> (comparison, target, unit, what it is)
@@ -64,6 +67,8 @@ TARGETS: dict[str, tuple[str, float, str, str]] = {
     "e2e_ingest_blocks_per_s": (">=", 100_000.0, "/s", "engine → subscriber → server"),
     "bytes_per_hold_10m": ("<=", 120.0, "B", "RSS per hold at 10M holds"),
     "fingerprint_us_8k": ("<=", 20.0, "µs", "8192 tokens → 512-hash chain"),
+    "refresh_server_cpu_pct_100_engines": ("<=", 2.0, "%",
+                                           "refresh of 100 engines × 20k blocks, server core"),
 }
 REQUIRED_KEYS = tuple(TARGETS)
 
@@ -96,6 +101,11 @@ DETAILS: tuple[tuple[str, str], ...] = (
     ("grpc_lookup_chain_p50_us_c8", "gRPC lookup: chain p50 µs at concurrency 8"),
     ("bytes_per_hold_1m", "bytes per hold at 1M holds"),
     ("fingerprint_floor_bulk_us", "fingerprint floor: one XXH3 call over 32 KiB, µs"),
+    ("refresh_entries_per_s_per_engine", "refresh: entries/s per engine (20k blocks, 10 min)"),
+    ("refresh_sub_cpu_pct_per_engine", "refresh: subscriber CPU % of a core per engine"),
+    ("refresh_server_cpu_us_per_entry", "refresh: server CPU µs per re-reported entry"),
+    ("refresh_server_cpu_pct_100_engines_direct",
+     "refresh: server CPU % with 100 engines' traffic, measured"),
 )
 
 
