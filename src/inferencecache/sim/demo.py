@@ -137,6 +137,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
             "--tenant-id", cluster.TENANT,
             "--block-size", str(eng.block_size),
             "--engine-metrics-url", f"http://{c.engines[name]}/metrics",
+            "--engine-models-url", f"http://{c.engines[name]}/v1/models",
             "--stats-interval", f"{cluster.STATS_INTERVAL_S:g}s",
             "--max-concurrency-ceiling", str(cluster.max_concurrency_ceiling(eng)),
             "--metrics-address", "127.0.0.1:0",
