@@ -230,6 +230,8 @@ class Subscriber:
         """Stop receiving, drain the queue and flush, then close everything (≤ 5 s per part)."""
         self._stopping = True
         await self._cancel("intake")
+        await self._cancel("refresher")  # nothing new reaches the forwarder once it drains
+        await self._cancel("adapters")
         assert self.intake is not None and self.forwarder is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_TIMEOUT
@@ -250,8 +252,6 @@ class Subscriber:
             if not done:
                 log.warning("stats reporter drain timed out")
         await self._cancel("connectivity")
-        await self._cancel("refresher")
-        await self._cancel("adapters")
         await self._close_io()
         log.info("kvevent-subscriber stopped")
 
