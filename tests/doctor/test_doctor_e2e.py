@@ -72,7 +72,7 @@ class Stack:
             "--engine-metrics-url", f"http://{self.engine_http}/metrics",
             "--stats-interval", "1s", *extra,
         )
-        return "http://" + p.wait_log("metrics listening", timeout=30)["address"]
+        return "http://" + str(p.wait_log("metrics listening", timeout=30)["address"])
 
     def gateway_at(self, *extra: str, engines: str = "") -> str:
         p = self.start(
@@ -80,7 +80,7 @@ class Stack:
             "--server", self.grpc, "--http-address", "127.0.0.1:0",
             "--block-size", str(BLOCK), "--health-interval", "500ms", *extra,
         )
-        return "http://" + p.wait_log("serving", timeout=30)["http_address"]
+        return "http://" + str(p.wait_log("serving", timeout=30)["http_address"])
 
     def args(self, *, token: bool = True, engine: bool = True) -> list[str]:
         out = ["--server", self.grpc, "--server-http", f"http://{self.http}",
