@@ -73,7 +73,7 @@ def test_image_runs_non_root_with_every_accelerator_and_no_build_tools(docker: D
     assert out.strip() == ""
     size, base = docker.image_size(IMAGE), docker.image_size(BASE)
     print(f"image {size / 1e6:.0f} MB = base {base / 1e6:.0f} MB + {(size - base) / 1e6:.0f} MB")
-    for sub in ("serve", "subscribe", "gateway"):
+    for sub in ("serve", "subscribe", "gateway", "doctor"):
         res = docker.docker("run", "--rm", *HARDENED, IMAGE, sub, "--help")
         assert "--help" in res.stdout
 
