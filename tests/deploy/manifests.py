@@ -19,7 +19,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KUSTOMIZATIONS = ("base", "overlays/example", "observability")
+KUSTOMIZATIONS = ("base", "overlays/example", "observability", "doctor")
 INFERENCECACHE_IMAGE = re.compile(r"(^|/)inferencecache(:|@|$)")
 FIELD_VALUES = {"metadata.name": "vllm-0", "metadata.namespace": "inferencecache"}
 
@@ -41,9 +41,9 @@ def find(objs: list[Obj], kind: str, name: str) -> Obj:
 
 
 def containers(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
-    """(workload, container) of every Deployment/StatefulSet container."""
+    """(workload, container) of every Deployment/StatefulSet/Job container."""
     for o in objs:
-        if o["kind"] in ("Deployment", "StatefulSet"):
+        if o["kind"] in ("Deployment", "StatefulSet", "Job"):
             for c in o["spec"]["template"]["spec"]["containers"]:
                 yield o, c
 
@@ -115,7 +115,13 @@ def _gateway() -> type:
     return GatewaySettings
 
 
-SETTINGS = {"serve": _serve, "subscribe": _subscribe, "gateway": _gateway}
+def _doctor() -> type:
+    from inferencecache.doctor.settings import DoctorSettings
+
+    return DoctorSettings
+
+
+SETTINGS = {"serve": _serve, "subscribe": _subscribe, "gateway": _gateway, "doctor": _doctor}
 
 
 def flag(args: list[str], name: str) -> str | None:

@@ -168,10 +168,18 @@ def test_network_policies_admit_exactly_the_pods_that_need_each_port(example: li
     assert not any(labels_match(sel, server) for sel in grpc_peers)
     admin_peers = [p["podSelector"]["matchLabels"] for p in by_port["admin"]]
     assert not any(labels_match(sel, x) for sel in admin_peers for x in (engine, gateway))
+    doctor = find(render("doctor"), "Job", "inferencecache-doctor")["spec"]["template"][
+        "metadata"]["labels"]
+    assert any(labels_match(sel, doctor) for sel in admin_peers)
+    assert any(labels_match(p["podSelector"]["matchLabels"], doctor) for p in by_port["grpc"])
     eng = find(example, "NetworkPolicy", "vllm")["spec"]
     assert labels_match(eng["podSelector"]["matchLabels"], engine)
-    admitted = {p["port"] for r in eng["ingress"] for p in r["ports"]}
-    assert admitted == {"http", "sub-metrics"}  # never the KV-event ports
+    for rule in eng["ingress"]:  # the KV-event ports: to the doctor only, never to a gateway
+        ports = {p["port"] for p in rule["ports"]}
+        peers = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
+        if ports & {5557, 5558}:
+            assert all(labels_match(sel, doctor) for sel in peers) and peers
+            assert not any(labels_match(sel, gateway) for sel in peers)
 
 
 def test_server_probes_grpc_health_and_reads_its_token_from_a_secret(example: list[Obj]) -> None:
@@ -194,7 +202,8 @@ def test_server_probes_grpc_health_and_reads_its_token_from_a_secret(example: li
 
 def test_our_containers_run_non_root_read_only_without_capabilities(example: list[Obj]) -> None:
     seen = 0
-    for workload, c in containers(example):
+    everything = example + render("doctor")
+    for workload, c in containers(everything):
         if not is_ours(c):
             continue
         seen += 1
@@ -206,8 +215,8 @@ def test_our_containers_run_non_root_read_only_without_capabilities(example: lis
         assert sc.get("capabilities") == {"drop": ["ALL"]}, c["name"]
         assert sc.get("seccompProfile") == {"type": "RuntimeDefault"}, c["name"]
         assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], c["name"]
-    assert seen == 3
-    images = {c["image"] for _, c in containers(example) if is_ours(c)}
+    assert seen == 4
+    images = {c["image"] for _, c in containers(everything) if is_ours(c)}
     assert images == {"registry.example.com/inferencecache:0.1.0"}
 
 
@@ -227,3 +236,28 @@ def test_monitors_select_the_rendered_services_and_pods(example: list[Obj]) -> N
     dash = find(mon, "ConfigMap", "inferencecache-dashboard")
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert "inferencecache.json" in dash["data"]
+
+
+def test_the_doctor_job_points_at_every_part_of_the_example_fleet(
+    example: list[Obj], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = render("doctor")
+    (_, c), = list(containers(job))
+    sub, d = container_settings(job, c, monkeypatch)
+    assert sub == "doctor"
+    s = _settings(example, monkeypatch)
+    sts = find(example, "StatefulSet", "vllm")
+    pods = [f"vllm-{i}.vllm" for i in range(sts["spec"]["replicas"])]
+    sub_port = s["subscribe"].metrics_address.port
+    assert d.subscriber_urls == tuple(f"http://{p}:{sub_port}" for p in pods)
+    assert str(d.server) == str(s["subscribe"].server)
+    assert d.server_http == f"http://inferencecache-server:{s['serve'].http_address.port}"
+    assert d.admin_base == f"http://inferencecache-server:{s['serve'].admin_address.port}"
+    gw = find(example, "Service", "inferencecache-gateway")["spec"]["ports"][0]["port"]
+    assert d.gateway_urls == (f"http://inferencecache-gateway:{gw}",)
+    for mine, sidecar in ((d.engine_endpoint, s["subscribe"].engine_endpoint),
+                          (d.replay_endpoint, s["subscribe"].replay_endpoint)):
+        assert mine == f"tcp://{pods[0]}:" + sidecar.rsplit(":", 1)[1]
+    server = find(example, "Deployment", "inferencecache-server")["spec"]["template"]["spec"]
+    token_mount = next(m["mountPath"] for m in server["containers"][0]["volumeMounts"])
+    assert d.admin_token_file.startswith(token_mount + "/")

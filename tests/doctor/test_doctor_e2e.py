@@ -340,3 +340,43 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
+
+
+def test_adapter_ids_without_names_fail_lora(stack: Stack) -> None:
+    """An engine older than vLLM 0.14 sends lora_id without lora_name: a subscriber without a
+    --lora-adapter-names table cannot name it and drops those stores."""
+    old = stack.engine("--wire-format", "vllm-0.10.2")
+    url = stack.subscribe("r-old", endpoint=old["endpoint"])
+    deadline = time.monotonic() + 30
+    seed = 200
+    while metric(url, "inferencecache_subscriber_lora_drops_total") == 0:  # slow joiner
+        assert time.monotonic() < deadline, "the subscriber never dropped an unnamed store"
+        seed += 1
+        post(f"http://{old['http_address']}/v1/completions",
+             {"model": ADAPTER, "prompt": prompt(seed), "max_tokens": 1})  # fmt: skip
+        time.sleep(0.2)
+    code, verdicts, out = doctor(
+        *stack.args(engine=False), "--subscribers", url, "--engine-url",
+        f"http://{old['http_address']}", "--engine-endpoint", old["endpoint"],
+        "--replay-endpoint", old["replay_endpoint"],
+    )
+    assert code == 1, out
+    assert verdicts["LoRA adapters"] == "FAIL", out
+    assert "carry adapter id 1 that subscriber r-old" in out, out
+    assert "dropped" in out and "stores of unnamed adapters" in out, out
+
+
+def test_distrusted_lora_names_without_a_table_fail_lora(stack: Stack) -> None:
+    url = stack.subscribe("r-distrust", "--trust-lora-name=false")
+    code, verdicts, out = doctor(*stack.args(), "--subscribers", url)
+    assert code == 1, out
+    assert verdicts["LoRA adapters"] == "FAIL", out
+    assert "--trust-lora-name=false and no id for sql-lora" in out, out
+
+
+def test_replica_silent_longer_than_max_event_age_fails_events_flowing(stack: Stack) -> None:
+    code, verdicts, out = doctor(*stack.args(), "--max-event-age", "1ms")
+    assert code == 1, out
+    assert verdicts["events flowing r0"] == "FAIL", out
+    assert all(v.startswith("events flowing ") for v in failing(verdicts)), out
+    assert "silent for over 0.001s" in out, out
