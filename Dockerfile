@@ -3,8 +3,8 @@
 #
 # Two ways to build (docs/deploy.md):
 #   online:   docker build -t inferencecache .
-#             the build stage installs gcc and compiles the package from this source tree,
-#             fetching dependencies from the package index;
+#             the build stage installs gcc (and python3-dev when the base has no Python.h) and
+#             compiles the package from this source tree, fetching dependencies from the index;
 #   offline:  pip wheel . -w wheels/ && docker build -t inferencecache .
 #             (or scripts/build-image) when `wheels/` holds an inferencecache wheel the build
 #             installs only from it (`--no-index`): no network at all inside the build.
@@ -25,6 +25,8 @@ RUN set -eux; \
     else \
         apt-get update; \
         apt-get install -y --no-install-recommends gcc libc6-dev; \
+        python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
+          || apt-get install -y --no-install-recommends python3-dev; \
         "$pip" install /src; \
     fi; \
     "$pip" uninstall -y pip setuptools; \

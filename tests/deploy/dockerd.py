@@ -5,9 +5,10 @@ python3-venv, the host's release, from the mirror apt already uses) is made with
 and ``docker import``; its tarball is cached under ``~/.cache/inferencecache/docker-base`` so only
 the first run pays (~90 s). The daemon gets its own data root, exec root, pidfile and unix
 socket under a short temp dir, no bridge and no iptables rules: containers run with
-``--network host`` and everything stays on 127.0.0.1. It is stopped by its PID (and its managed
-containerd by its own PID, should the daemon die first); every container and image a test made
-is removed before that.
+``--network host`` and everything stays on 127.0.0.1. Every container a test made is removed,
+then the daemon is stopped by its PID (and its managed containerd by its own PID, should the
+daemon die first), and its private data root, which holds every image the tests made, is
+deleted (faster than ``docker rmi``, ~9 s per image here).
 """
 
 from __future__ import annotations
@@ -139,7 +140,6 @@ class Dockerd:
         self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.socket}"}
         self.env.pop("DOCKER_CONTEXT", None)
         self.containers: list[str] = []
-        self.images: list[str] = []
         self._log = open(self.dir / "dockerd.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.dir / "data"), "--exec-root",
@@ -188,7 +188,6 @@ class Dockerd:
                                  capture_output=True, timeout=300, check=False)
         if res.returncode != 0:
             raise DockerError(f"docker import failed: {res.stderr.decode(errors='replace')}")
-        self.images.append(tag)
         return tag
 
     def run(self, *args: str, name: str) -> str:
@@ -226,14 +225,12 @@ class Dockerd:
         return out
 
     def stop(self) -> None:
-        """Remove what the tests made, stop the daemon by PID, then any helper it left."""
+        """Remove the containers, stop the daemon by PID (then any helper it left) and delete
+        its data root with every image in it."""
         try:
             if self.proc.poll() is None:
                 for name in reversed(self.containers):
                     self.docker("rm", "-f", name, check=False, timeout=60)
-                for image in reversed(self.images):
-                    self.docker("rmi", "-f", image, check=False, timeout=60)
-                self.docker("image", "prune", "-f", check=False, timeout=60)
         finally:
             stop_process(self.proc, timeout=20)
             for pid, cmdline in self._helpers:  # managed containerd, if dockerd died first
@@ -266,8 +263,7 @@ def private_dockerd() -> Iterator[Dockerd]:
 
 
 def build_image(d: Dockerd, repo: Path, tag: str, base: str, extra: Sequence[str] = ()) -> str:
-    """``scripts/build-image`` against the private daemon; the image is removed by ``stop``."""
-    d.images.append(tag)
+    """``scripts/build-image`` against the private daemon (deleted with its data root)."""
     cache = CACHE / "image-wheels"
     res = subprocess.run(
         [str(repo / "scripts" / "build-image"), "-t", tag, "--base-image", base,
