@@ -22,6 +22,16 @@ from typing import Final
 PURE_PYTHON: Final = "INFERENCECACHE_PURE_PYTHON"
 REQUIRE_NATIVE: Final = "INFERENCECACHE_REQUIRE_NATIVE"
 
+MODULES: Final = (
+    "inferencecache.fingerprint._native",
+    "inferencecache.index._blockmap",
+    "inferencecache.index._rank",
+    "inferencecache.ingestwire._native",
+    "inferencecache.kvevents._native",
+    "inferencecache.server._lookupwire",
+)
+"""Every compiled accelerator (pyproject.toml ``ext-modules``; the image build imports each)."""
+
 
 def env_flag(name: str) -> bool:
     """Whether the boolean environment variable ``name`` is set."""

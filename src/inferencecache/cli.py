@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "gateway": "inferencecache.gateway.command:gateway",
     "simulate": "inferencecache.sim.command:simulate",
     "demo": "inferencecache.sim.command:demo",
+    "doctor": "inferencecache.doctor.command:doctor",
 }
 
 

@@ -19,6 +19,7 @@ import inferencecache
 from inferencecache.cli import COMMANDS, group
 from inferencecache.client.command import LookupSettings
 from inferencecache.config import CONTEXT, DURATION, parse_duration
+from inferencecache.doctor.settings import DoctorSettings
 from inferencecache.engines.settings import FakeEngineSettings
 from inferencecache.engines.simulated import (
     DEFAULT_DECODE_MS_PER_TOKEN,
@@ -43,6 +44,7 @@ SETTINGS: dict[str, type[Any]] = {
     "lookup": LookupSettings,
     "simulate": SimulateSettings,
     "demo": DemoSettings,
+    "doctor": DoctorSettings,
 }
 
 

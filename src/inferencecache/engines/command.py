@@ -99,7 +99,7 @@ async def _main(
         loop.add_signal_handler(sig, stop.set)
     ctx = zmq.asyncio.Context()
     publisher = EventPublisher.from_settings(ctx, s, see_subscribers=s.wait_for_subscriber)
-    metrics = EngineMetrics(s.model_name)
+    metrics = EngineMetrics(s.model_name, block_size=s.block_size)
     page = MetricsPage(metrics)
     try:
         publisher.start()

@@ -22,12 +22,27 @@ from inferencecache.subscriber.engine_stats import (
 )
 from inferencecache.web import Listener
 
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
 
 class EngineMetrics:
     """The gauges and counters vLLM exposes, bound to one model name."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        registry: CollectorRegistry | None = None,
+        *,
+        block_size: int | None = None,
+    ) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
+        if block_size is not None:  # vLLM's info gauge of its CacheConfig (a subset of labels)
+            Gauge(
+                CACHE_CONFIG_INFO,
+                "Information of the LLMEngine CacheConfig",
+                ("block_size", "enable_prefix_caching", "engine"),
+                registry=r,
+            ).labels(str(block_size), "True", "0").set(1)
         labels = ("model_name", "engine")
         values = (model_name, "0")
 

@@ -326,7 +326,7 @@ async def serve(
     toks = dict(tokenizers or {})
     ctx = zmq.asyncio.Context()
     publisher = EventPublisher.from_settings(ctx, s)
-    metrics = EngineMetrics(s.model_name)
+    metrics = EngineMetrics(s.model_name, block_size=s.block_size)
     engine = SimulatedEngine(
         EngineParams.from_flags(s),
         publisher,

@@ -61,8 +61,19 @@ async def _run(
     settings: GatewaySettings, toks: dict[str, EngineTokenizer], sock: socket.socket
 ) -> None:
     from inferencecache.gateway.app import Gateway
+    from inferencecache.metrics import publish_info
 
     gw = Gateway(settings, tokenizers=toks)
+    publish_info(
+        gw.metrics.registry,
+        "inferencecache_gateway",
+        "Version and the settings that must agree with the subscribers (value 1).",
+        {
+            "block_size": settings.block_size,
+            "hash_scheme": settings.hash_scheme,
+            "routing_policy": gw.policy.name,
+        },
+    )
     stop = asyncio.Event()
     received: list[str] = []
     loop = asyncio.get_running_loop()

@@ -71,6 +71,17 @@ def serve(settings: ServeSettings) -> int:
 
     metrics = ServerMetrics()
     backend = IndexBackend(index_settings(settings), metrics, tokenizer=tokenizers, config=config)
+    index = backend.index
+
+    def holds() -> int:
+        counts = index.counts()
+        return counts["holds"] - counts["reserved_holds"]
+
+    metrics.describe(
+        block_size=index.settings.engine_block_size,
+        max_holds=index.settings.max_holds,
+        holds=holds,
+    )
     server = Server(
         backend,
         Listeners(settings.grpc_address, settings.http_address, settings.admin_address),

@@ -9,10 +9,11 @@ later models share the label value ``OVERFLOW_MODEL`` instead of growing memory 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from inferencecache.metrics import LazyChildren
+from inferencecache.metrics import LazyChildren, publish_info
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
@@ -129,6 +130,22 @@ class ServerMetrics:
                 return OVERFLOW_MODEL
             self._models.add(model)
             return model
+
+    def describe(self, *, block_size: int, max_holds: int, holds: Callable[[], int]) -> None:
+        """The ``serve`` process's identity and cap: ``inferencecache_server_info{version,
+        block_size}`` (compared by ``doctor``), ``inferencecache_index_holds`` (read at scrape
+        time) and ``inferencecache_index_max_holds`` (the "index near its cap" alert)."""
+        r = self.registry
+        publish_info(r, "inferencecache_server", "Version and block size (value 1).",
+                     {"block_size": block_size})
+        Gauge(
+            "inferencecache_index_holds",
+            "Holds counted against --max-holds (probe tenant excluded).",
+            registry=r,
+        ).set_function(holds)
+        Gauge(
+            "inferencecache_index_max_holds", "The global hold cap (0 = unbounded).", registry=r
+        ).set(max_holds)
 
     def observe_lookup(self, model: str, reason: str, hint_used: bool, seconds: float) -> None:
         """Exactly one counter increment and one latency observation per LookupRoute call."""

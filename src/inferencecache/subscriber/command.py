@@ -30,6 +30,7 @@ GC_THRESHOLD: Final = (10_000, 10, 10)
 
 
 async def _main(settings: SubscribeSettings, metrics_sock: socket.socket) -> int:
+    from inferencecache.metrics import publish_info
     from inferencecache.subscriber.app import Subscriber
 
     stop = asyncio.Event()
@@ -37,6 +38,22 @@ async def _main(settings: SubscribeSettings, metrics_sock: socket.socket) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sub = Subscriber(settings, metrics_sock=metrics_sock)
+    publish_info(
+        sub.metrics.registry,
+        "inferencecache_subscriber",
+        "Version and the settings that must agree with the engine and server (value 1).",
+        {
+            "replica_id": settings.replica_id,
+            "model_id": settings.model_id,
+            "tenant_id": settings.tenant_id,
+            "hash_scheme": settings.hash_scheme,
+            "block_size": settings.block_size,
+            "lora_adapter_names": ",".join(
+                f"{k}={v}" for k, v in sorted(settings.adapter_names.items())
+            ),
+            "trust_lora_name": str(settings.trust_lora_name).lower(),
+        },
+    )
     try:
         await sub.run(stop)
     except OSError as e:
