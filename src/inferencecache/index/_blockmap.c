@@ -35,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_pyargs.h"
+#include "ic_pyargs.h"
 #include "_rank.h"
 
 #if defined(__linux__)
@@ -639,7 +639,7 @@ static PyObject *slot_key(const BlockMap *m, const Slot *s) {
 /* Argument helpers                                                                        */
 /* ======================================================================================= */
 
-/* Every parameter of a BlockMap method is required (parsing: _pyargs.h). */
+/* Every parameter of a BlockMap method is required (parsing: ic_pyargs.h). */
 static inline int parse_args(const char *fname, const char *const *names, int n,
                              PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              PyObject **out) {
@@ -716,7 +716,7 @@ typedef struct {
     const char *packed;
     PyObject *const *items;
     Py_ssize_t n;
-    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
+    ic_input in; /* the sequence or the buffer (ic_pyargs.h); release with ic_input_release */
 } Keys;
 
 /* The items of a sequence argument, held by in: a list or tuple as it is, anything else
@@ -1254,7 +1254,7 @@ typedef struct {
     const uint8_t *u8;
     const int32_t *i32;
     Py_ssize_t n;
-    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
+    ic_input in; /* the sequence or the buffer (ic_pyargs.h); release with ic_input_release */
 } Counts;
 
 static int counts_open(PyObject *obj, Counts *c) {

@@ -9,37 +9,66 @@ subscriber writes its entries into wire bytes without protobuf objects. The wire
 v1alpha1 in both directions.
 
 - ``parse_update(buf)`` → ``(replica_id, model_id, tenant_id, hash_scheme, timestamp_us,
-  adapter_id, entries)`` or ``None``. ``entries`` are in wire order: ``(hashes, token_counts,
-  tier, adapter_id)`` for a legacy run, ``(prefix_hash, token_count, block_hashes,
-  block_token_counts, tier, adapter_id)`` for any other entry. ``None`` means "let protobuf
-  decide": stats present, an invalid tag, a wire-type mismatch on a known field, a truncated
-  field, invalid UTF-8, groups, a varint protobuf might read differently. Unknown fields are
-  skipped, repeated scalars are last-wins, ``int32`` values wrap as protobuf reads them, so a
-  message parsed here means exactly what protobuf would make of it.
+  adapter_id, entries, stats)`` or ``None``. ``entries`` are in wire order: ``(hashes,
+  token_counts, tier, adapter_id)`` for a legacy run, ``(prefix_hash, token_count, block_hashes,
+  block_token_counts, tier, adapter_id)`` for any other entry; ``stats`` is ``(cache_memory_bytes,
+  hit_rate, pressure, t2_hit_tokens, t2_query_tokens)`` or None when the update has none. It
+  reads any message protobuf decodes, exactly as protobuf reads it; ``None`` means "let
+  protobuf decide" (groups, and everything protobuf rejects). ``None`` as the function itself
+  means the compiled parser is not in use: protobuf parses everything.
 - ``encode_entries(entries)`` → the ``prefixes`` field (6) of a ``CacheStateUpdate`` for
   ``(prefix_hash, token_count, adapter_id, tier)`` tuples, byte for byte what protobuf writes;
   prepend ``encode_header(...)`` for a whole message.
 
-Two implementations with identical results: the C accelerator ``_native`` (when built) and the
-pure-Python twin ``pure`` (``INFERENCECACHE_PURE_PYTHON=1`` forces it; with
-``INFERENCECACHE_REQUIRE_NATIVE=1`` a missing build is an ImportError).
+One compiled implementation (``_native.c``); without it (not built, or
+``INFERENCECACHE_PURE_PYTHON``) protobuf itself parses and writes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from inferencecache import accelerators, varint
-from inferencecache.ingestwire.pure import GenericItem, LegacyItem, Parsed
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+# (hashes: 8-byte prefix hashes concatenated, token counts, wire tier, entry adapter_id)
+LegacyItem = tuple[bytes, list[int], int, str]
+# (prefix_hash, token_count, block_hashes, block_token_counts, wire tier, adapter_id)
+GenericItem = tuple[bytes, int, list[bytes], list[int], int, str]
+# (cache_memory_bytes, hit_rate, pressure, t2_hit_tokens, t2_query_tokens)
+StatsItem = tuple[int, float, float, int, int]
+# (replica_id, model_id, tenant_id, hash_scheme, timestamp_us, adapter_id, entries, stats)
+Parsed = tuple[str, str, str, str, int, str, list[LegacyItem | GenericItem], StatsItem | None]
+Entry = tuple[bytes, int, str, int]
+"""(prefix_hash, token_count, adapter_id, tier): one legacy ``PrefixEntry``."""
+
+
+def _encode_entries_pb(entries: Sequence[Entry], /) -> bytes:
+    """``encode_entries`` by protobuf itself (no compiled build)."""
+    msg = pb.CacheStateUpdate()
+    add = msg.prefixes.add
+    for entry in entries:
+        prefix, tokens, adapter, tier = entry
+        if not isinstance(prefix, bytes) or not isinstance(adapter, str):
+            raise TypeError("an entry is (bytes, int, str, int)")
+        if not -(1 << 31) <= tokens < (1 << 31) or not -(1 << 31) <= tier < (1 << 31):
+            raise OverflowError("token_count and tier are int32")
+        add(prefix_hash=prefix, token_count=tokens, adapter_id=adapter, tier=tier)  # type: ignore[arg-type]
+    return bytes(msg.SerializeToString())
+
 
 IMPLEMENTATION: Literal["native", "python"]
-if accelerators.load("inferencecache.ingestwire._native") is not None:
-    from ._native import encode_entries, parse_update
-
+parse_update: Callable[[bytes], Parsed | None] | None
+encode_entries: Callable[[Sequence[Entry]], bytes]
+_native = accelerators.load("inferencecache.ingestwire._native")
+if _native is not None:
+    parse_update = _native.parse_update
+    encode_entries = _native.encode_entries
     IMPLEMENTATION = "native"
 else:
-    from .pure import encode_entries, parse_update
-
+    parse_update = None
+    encode_entries = _encode_entries_pb
     IMPLEMENTATION = "python"
 
 
@@ -70,9 +99,11 @@ def timestamp_field(timestamp_us: int) -> bytes:
 
 __all__ = [
     "IMPLEMENTATION",
+    "Entry",
     "GenericItem",
     "LegacyItem",
     "Parsed",
+    "StatsItem",
     "encode_entries",
     "encode_header",
     "parse_update",

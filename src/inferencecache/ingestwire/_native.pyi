@@ -1,8 +1,8 @@
-"""Type stub of the compiled twin of ``ingestwire.pure`` (``_native.c``)."""
+"""Type stub of the compiled CacheStateUpdate codec (``_native.c``); without it, protobuf."""
 
 from collections.abc import Sequence
 
-from inferencecache.ingestwire.pure import Parsed
+from inferencecache.ingestwire import Entry, Parsed
 
 def parse_update(buf: bytes, /) -> Parsed | None: ...
-def encode_entries(entries: Sequence[tuple[bytes, int, str, int]], /) -> bytes: ...
+def encode_entries(entries: Sequence[Entry], /) -> bytes: ...

@@ -2,18 +2,19 @@
 
 Why: Python protobuf materialises every ``PrefixEntry`` as an object and the index then reads
 six attributes of each (~2-3 µs per entry), while the subscriber sends one legacy entry per
-engine block, thousands per update. ``ingestwire.parse_update`` (C, with a pure-Python twin)
-turns a run of legacy entries into one packed ``bytes`` of hashes plus a list of token counts,
-which the index stores with one ``upsert_many`` call. Anything the compact parser declines
-(stats, a malformed or unusual message) goes through ``ParseFromString`` and the generic path,
-so the set of decodable messages and their effect on the index are exactly protobuf's; a
-message protobuf cannot decode either becomes ``wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
+engine block, thousands per update. The compiled ``ingestwire.parse_update`` turns a run of
+legacy entries into one packed ``bytes`` of hashes plus a list of token counts, which the index
+stores with one ``upsert_many`` call. Protobuf is the only other decoder: whatever the compiled
+parser leaves to it (groups, every malformed message; counted in ``accelerators.FALLBACKS``),
+and everything when the extension is not built, goes through ``ParseFromString`` and the generic
+path, so the set of decodable messages and their effect on the index are exactly protobuf's; a
+message protobuf cannot decode becomes ``wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
 """
 
 from __future__ import annotations
 
-from inferencecache import ingestwire
-from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Update
+from inferencecache import accelerators, ingestwire
+from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Stats, Update
 from inferencecache.server import wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
@@ -34,7 +35,7 @@ def update_from_message(msg: pb.CacheStateUpdate) -> Update:
 
 def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
     """``ingestwire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
-    replica, model, tenant, scheme, ts, adapter, items = parsed
+    replica, model, tenant, scheme, ts, adapter, items, stats = parsed
     entries: list[LegacyRun | PrefixLike] = []
     for it in items:
         if len(it) == 4:
@@ -49,6 +50,7 @@ def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
         hash_scheme=scheme,
         timestamp_us=ts,
         entries=entries,
+        stats=Stats(*stats) if stats is not None else None,
         adapter_id=adapter,
     )
 
@@ -64,10 +66,13 @@ def parse_slow(buf: bytes) -> Update | wire._Undecodable:
 
 def parse_update_request(buf: bytes) -> PackedUpdate | Update | wire._Undecodable:
     """gRPC request deserializer for ReportCacheState: never raises."""
-    try:
-        parsed = ingestwire.parse_update(buf)
-    except Exception:  # defensive: a parser bug must not turn into a gRPC error
-        parsed = None
-    if parsed is not None:
-        return packed_from_parsed(parsed)
+    parse = ingestwire.parse_update
+    if parse is not None:
+        try:
+            parsed = parse(buf)
+        except Exception:  # defensive: a parser bug must not turn into a gRPC error
+            parsed = None
+        if parsed is not None:
+            return packed_from_parsed(parsed)
+        accelerators.fell_back("update_request")
     return parse_slow(buf)

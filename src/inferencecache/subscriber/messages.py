@@ -2,7 +2,7 @@
 
 Entries travel inside the subscriber as plain tuples ``(prefix_hash, token_count, adapter_id,
 tier)`` and become wire bytes only here, right before a send: ``UpdateEncoder`` writes a
-``CacheStateUpdate`` without protobuf objects (``ingestwire``, C with a pure-Python twin; byte for
+``CacheStateUpdate`` without protobuf objects (``ingestwire``: C, else protobuf itself; byte for
 byte what protobuf writes), ``build_update`` is the protobuf reference.
 """
 
