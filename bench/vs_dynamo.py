@@ -81,10 +81,10 @@ class Ours:
     """The index side of the line protocol (commands as in ``bench/peer_dynamo.py``)."""
 
     def __init__(self, store: str) -> None:
-        from inferencecache.index import STORE_BACKENDS, default_store_factory
+        from inferencecache.index.backends import store_factory
 
         self.store_name = store
-        self.factory = STORE_BACKENDS[store] if store != "default" else default_store_factory()
+        self.factory = store_factory(None if store == "default" else store)
         self.calls: list[tuple[int, Any]] = []
         self.chain_calls: list[tuple[int, Any]] = []
         self.wire_calls: list[tuple[int, Any]] = []
@@ -233,7 +233,7 @@ class Ours:
             res.append(r)
         # the matching step alone: the partition store's walk
         index = self.index
-        part = index._state.parts.get((TENANT, MODEL, SCHEME, ""))
+        part = index.run_locked(lambda st: st.parts.get((TENANT, MODEL, SCHEME, "")))
         raw: list[int] = []
         if part is not None:
             walk = part.store.walk
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny, correctness only")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-peer", action="store_true", help="our side and the oracle only")
-    ap.add_argument("--store", default="default", help="index store backend (default, memstore, "
-                    "nativestore)")
+    ap.add_argument("--store", default="default", help="index store backend (default, native, "
+                    "python)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -75,7 +75,7 @@ def test_c10_85_snapshot_totals_and_probe_exclusion(env: Env) -> None:
     env.chain("r1", [h(1), h(2)], entry_adapter="a")
     env.chain("r2", [h(1)], tenant_id="u")
     env.legacy("r3", h(1), 64, tenant_id="")
-    env.index._apply_update(
+    env.index.apply_update(
         Update(
             replica_id="__probe-x",
             tenant_id=PROBE_TENANT,

@@ -17,7 +17,7 @@ import pytest
 from inferencecache import accelerators
 from inferencecache.index import store as store_mod
 from inferencecache.index.memstore import MemStore
-from inferencecache.index.store import Hold, PartitionStore, Run
+from inferencecache.index.store import Hold, PartitionOps, PartitionStore, Run
 
 from ._native import BLOCKMAP
 
@@ -36,8 +36,8 @@ def k8(i: int) -> bytes:
     return struct.pack("<Q", i)
 
 
-def both() -> tuple[Any, MemStore]:
-    return new(), MemStore()
+def both() -> tuple[Any, PartitionOps]:
+    return new(), PartitionOps(MemStore())
 
 
 def holds_of(s: PartitionStore) -> list[Hold]:
@@ -52,7 +52,7 @@ def same(a: PartitionStore, b: PartitionStore) -> None:
     assert holds_of(a) == holds_of(b)
     assert a.key_count() == b.key_count()
     assert a.hold_count() == b.hold_count()
-    assert a.replica_summary() == b.replica_summary()
+    assert PartitionOps(a).replica_summary() == PartitionOps(b).replica_summary()
 
 
 # ---------------------------------------------------------------------------------------------

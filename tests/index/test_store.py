@@ -15,6 +15,7 @@ from inferencecache.index.store import (
     NEW_HOLD,
     NEW_KEY,
     Hold,
+    PartitionOps,
     PartitionStore,
     Run,
 )
@@ -76,7 +77,7 @@ class Reference:
 
 
 def test_upsert_bits_and_counts(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     assert s.upsert(k(1), 0, 16, 100, 1) == NEW_KEY | NEW_HOLD
     assert s.upsert(k(1), 1, 16, 100, 1) == NEW_HOLD
     assert s.upsert(k(1), 1, 32, 200, 2) == 0
@@ -87,7 +88,7 @@ def test_upsert_bits_and_counts(store_factory: StoreFactory) -> None:
 
 
 def test_packed_keys_everywhere(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [16, 32, 48], 7, 100, 1)
     packed = k(1) + k(2) + k(3)
     assert s.walk(packed, [10, 10, 10], 0) == s.walk([k(1), k(2), k(3)], [10, 10, 10], 0)
@@ -109,7 +110,7 @@ def test_remove_holds_rejects_a_bad_key_before_touching_anything(
 ) -> None:
     import pytest
 
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2)], [1, 1], 1, 100, 1)
     with pytest.raises(TypeError):
         s.remove_holds([k(1), "x"], 1)  # type: ignore[list-item]
@@ -117,7 +118,7 @@ def test_remove_holds_rejects_a_bad_key_before_touching_anything(
 
 
 def test_walk_semantics(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3), k(4)], [0, 0, 0, 0], 1, 100, 1)
     s.upsert_many([k(1), k(2)], [0, 0], 2, 50, 2)
     s.upsert_many([k(1), k(3), k(4)], [0, 0, 0], 3, 100, 1)  # gap at block 1: never re-enters
@@ -130,7 +131,7 @@ def test_walk_semantics(store_factory: StoreFactory) -> None:
 
 
 def test_removals(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [1, 1, 1], 1, 100, 1)
     s.upsert_many([k(1), k(2)], [1, 1], 2, 200, 1)
     assert s.remove_hold(k(1), 1) == HOLD_REMOVED
@@ -145,7 +146,7 @@ def test_removals(store_factory: StoreFactory) -> None:
 
 
 def test_sweep_and_summaries(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [1, 1, 1], 1, 100, 1)
     s.upsert_many([k(1), k(4)], [1, 1], 2, 150, 1)
     assert s.replica_summary() == {1: (3, 100), 2: (2, 150)}
@@ -156,7 +157,7 @@ def test_sweep_and_summaries(store_factory: StoreFactory) -> None:
 
 
 def test_candidates_include_ties(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3), k(4)], [1] * 4, 1, 100, 1)
     s.upsert(k(5), 1, 1, 50, 1)
     s.upsert(k(6), 1, 1, 300, 1)
@@ -209,7 +210,7 @@ OPS = st.lists(
 def test_store_matches_the_reference(
     store_factory: StoreFactory, ops: list[Any], probe: list[int], counts: int, fresh_after: int
 ) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     ref = Reference()
     for op in ops:
         if op[0] == "up":

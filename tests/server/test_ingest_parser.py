@@ -232,8 +232,8 @@ def test_mutated_bytes_decode_exactly_when_protobuf_decodes(
     assert isinstance(got, undecodable) == isinstance(want, undecodable)
     if isinstance(got, PackedUpdate):
         assert isinstance(want, Update)
-        a, am = _index("memstore", IndexSettings(), False)
-        b, bm = _index("memstore", IndexSettings(), False)
+        a, am = _index("python", IndexSettings(), False)
+        b, bm = _index("python", IndexSettings(), False)
         a.apply_update(got)
         b.apply_update(want)
         assert _state(a, am) == _state(b, bm)

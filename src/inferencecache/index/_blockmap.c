@@ -18,7 +18,7 @@
  *   slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks ahead)
  *   so the cache misses of a long chain overlap instead of queueing; credit and upsert_many
  *   prefetch home slots PF_A keys ahead. Request counts may come packed (bytes of one-byte
- *   counts, array('i')). walk_ranked hands the final runs to the compiled ranker of
+ *   counts, array('i')). walk_ranked hands the final runs to a compiled ranker of
  *   inferencecache.index._rank as C structs (its capsule API, _rank.h): no Run objects.
  * - cap_candidates / quota_candidates keep the smallest candidates of a full scan in a heap
  *   between calls (kept exact by hooks in upsert and remove_hold), so an index at its hold cap
@@ -1511,21 +1511,17 @@ static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
 static const RankCAPI *rank_capi = NULL;
 static int rank_capi_tried = 0;
 
-static const char *const walk_ranked_names[] = {"keys", "counts", "fresh_after", "ranker",
-                                                "rank_args"};
+static const char *const walk_ranked_names[] = {"keys", "counts", "fresh_after", "ranker"};
 
-/* ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args), without creating the
- * Run objects when ranker is the compiled Ranker. */
+/* ranker.rank(self.walk(keys, counts, fresh_after), True) for a ranker bound to one lookup
+ * (ranking.PyBoundRanker, _rank.BoundRanker), without creating the Run objects when it is the
+ * compiled one. */
 static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    PyObject *a[5];
-    if (parse_args("walk_ranked", walk_ranked_names, 5, args, nargs, kwnames, a) < 0)
+    PyObject *a[4];
+    if (parse_args("walk_ranked", walk_ranked_names, 4, args, nargs, kwnames, a) < 0)
         return NULL;
-    PyObject *ranker = a[3], *rank_args = a[4];
-    if (!PyTuple_CheckExact(rank_args) || PyTuple_GET_SIZE(rank_args) != RANK_NARGS) {
-        PyErr_Format(PyExc_TypeError, "rank_args must be a tuple of %d items", RANK_NARGS);
-        return NULL;
-    }
+    PyObject *ranker = a[3];
     if (!rank_capi_tried) {
         rank_capi_tried = 1;
         rank_capi = (const RankCAPI *)PyCapsule_Import(RANK_CAPI_NAME, 0);
@@ -1538,7 +1534,7 @@ static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t n
     RunTable t;
     PyObject *out = NULL;
     if (walk_collect(m, a[0], a[1], a[2], &t, local) < 0) goto done;
-    if (rank_capi != NULL && Py_IS_TYPE(ranker, rank_capi->ranker_type)) {
+    if (rank_capi != NULL && Py_IS_TYPE(ranker, rank_capi->bound_type)) {
         RankRun rlocal[RUNS_LOCAL];
         RankRun *rr = t.nruns <= RUNS_LOCAL
                           ? rlocal
@@ -1555,19 +1551,14 @@ static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t n
             rr[j].tier = r->tier;
             rr[j].blocks = (int64_t)r->stamp + 1;
         }
-        out = rank_capi->rank_runs(ranker, rr, t.nruns, PySequence_Fast_ITEMS(rank_args));
+        out = rank_capi->rank_runs(ranker, rr, t.nruns);
         if (rr != rlocal) PyMem_RawFree(rr);
     } else {
         PyObject *runs = runs_list(&t);
         if (runs == NULL) goto done;
-        PyObject *call[2 + 1 + RANK_NARGS];
-        call[0] = ranker;
-        call[1] = runs;
-        call[2] = Py_True;
-        for (int j = 0; j < RANK_NARGS; j++) call[3 + j] = PyTuple_GET_ITEM(rank_args, j);
+        PyObject *call[3] = {ranker, runs, Py_True};
         PyObject *name = PyUnicode_InternFromString("rank");
-        if (name != NULL)
-            out = PyObject_VectorcallMethod(name, call, 3 + RANK_NARGS, NULL);
+        if (name != NULL) out = PyObject_VectorcallMethod(name, call, 3, NULL);
         Py_XDECREF(name);
         Py_DECREF(runs);
     }
@@ -2721,8 +2712,8 @@ static PyMethodDef BM_methods[] = {
     {"walk", (PyCFunction)(void (*)(void))BM_walk, FASTKW,
      "walk(keys, counts, fresh_after) -> [Run]: leading runs of a request chain"},
     {"walk_ranked", (PyCFunction)(void (*)(void))BM_walk_ranked, FASTKW,
-     "walk_ranked(keys, counts, fresh_after, ranker, rank_args): "
-     "ranker.rank(walk(keys, counts, fresh_after), True, *rank_args)"},
+     "walk_ranked(keys, counts, fresh_after, ranker): "
+     "ranker.rank(walk(keys, counts, fresh_after), True)"},
     {"credit", (PyCFunction)(void (*)(void))BM_credit, FASTKW,
      "credit(keys, blocks, replica): access += 1 on the replica's holds of keys[:blocks]"},
     {"remove_hold", (PyCFunction)(void (*)(void))BM_remove_hold, FASTKW,

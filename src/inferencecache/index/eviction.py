@@ -25,7 +25,7 @@ def sweep(st: IndexState, now_us: int) -> None:
     policies = st.policies
     for part in list(st.parts.values()):
         pol = policies.get(part.tenant)
-        per_replica, keys_gone = part.store.sweep(now_us - pol.ttl_us)
+        per_replica, keys_gone = part.ops.sweep(now_us - pol.ttl_us)
         if per_replica:
             if not part.probe:
                 evicted[pol.algorithm] += sum(per_replica.values())
@@ -50,12 +50,12 @@ def enforce_quota(st: IndexState, tenant: str) -> None:
         return
     cands: list[tuple[int, str, str, str, bytes, Partition]] = []
     for part in st.parts_by_tenant.get(tenant, {}).values():
-        for newest, key in part.store.quota_candidates(excess):
+        for newest, key in part.ops.quota_candidates(excess):
             cands.append((newest, part.model, part.scheme, part.adapter, key, part))
     cands.sort(key=lambda c: c[:5])
     removed = 0
     for _, _, _, _, key, part in cands[:excess]:
-        replicas = part.store.remove_key(key)
+        replicas = part.ops.remove_key(key)
         if replicas:
             st.removed_per_replica(part, dict.fromkeys(replicas, 1), 1)
             removed += 1
@@ -107,7 +107,7 @@ def _build_pool(st: IndexState, k: int) -> CapPool | None:
         if part.probe:
             continue
         pol = policies.get(part.tenant)
-        for eff, ts, key, rid in part.store.cap_candidates(k, pol.lfu):
+        for eff, ts, key, rid in part.ops.cap_candidates(k, pol.lfu):
             cands.append(
                 (
                     eff,

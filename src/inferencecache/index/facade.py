@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, TypeVarTuple
 
 from inferencecache.index import eviction, ingest
 from inferencecache.index.backends import default_store_factory
@@ -20,6 +20,9 @@ from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTabl
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState
 from inferencecache.index.store import PartitionStore
+
+_Ts = TypeVarTuple("_Ts")
+_T = TypeVar("_T")
 
 
 class HoldView(NamedTuple):
@@ -85,21 +88,24 @@ class Index:
 
     def policy(self, tenant_id: str) -> EffectivePolicy:
         """The effective policy of a tenant (defaults when it has no entry)."""
-        return self._state.policies.get(tenant_id)
+        return self._state.policies.by_tenant[tenant_id]
+
+    def run_locked(self, fn: Callable[[IndexState, *_Ts], _T], *args: *_Ts) -> _T:
+        """``fn(state, *args)`` under the index lock: how the lookup pipeline (and any other
+        reader that must see one consistent index) reads the state. ``fn`` must not block, and
+        must not keep ``state`` beyond the call."""
+        with self._lock:
+            return fn(self._state, *args)
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def apply_update(self, update: UpdateLike | PackedUpdate) -> None:
+    def apply_update(
+        self, update: UpdateLike | PackedUpdate, *, allow_probe: bool = False
+    ) -> None:
         """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap. The
-        compact form of the server's wire parser (``PackedUpdate``) gives the same result."""
-        self._apply_update(update, allow_probe=False)
-
-    def apply_event(self, event: EventLike) -> None:
-        """Apply one CacheEvent (§4.4); a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
-        applies every hash under this one lock."""
-        self._apply_event(event, allow_probe=False)
-
-    def _apply_update(self, update: UpdateLike | PackedUpdate, *, allow_probe: bool) -> None:
+        compact form of the server's wire parser (``PackedUpdate``) gives the same result.
+        Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
+        ``/probe`` self-test)."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
@@ -112,7 +118,9 @@ class Index:
             finally:
                 st.finish()
 
-    def _apply_event(self, event: EventLike, *, allow_probe: bool) -> None:
+    def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
+        """Apply one CacheEvent (§4.4); a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
+        applies every hash under this one lock. ``allow_probe`` as in ``apply_update``."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:

@@ -190,7 +190,7 @@ def _apply_run(
     if min(counts) < _I32_MIN or max(counts) > _I32_MAX:
         counts = [wrap32(c) for c in counts]
     part = st.partition(tenant, model, scheme, run.adapter_id or u.adapter_id)
-    nk, nh = part.store.upsert_many(run.hashes, counts, rid, ts, tier)
+    nk, nh = part.ops.upsert_many(run.hashes, counts, rid, ts, tier)
     st.added(part, rid, nk, nh)
 
 
@@ -233,7 +233,7 @@ def _apply_prefixes(
             arg: list[bytes] | bytes = packed[0] if len(packed) == 1 else b"".join(packed)
         else:
             arg = keys
-        nk, nh = part.store.upsert_many(arg, toks, rid, ts, cur_tier)
+        nk, nh = part.ops.upsert_many(arg, toks, rid, ts, cur_tier)
         st.added(part, rid, nk, nh)
         keys.clear()
         packed.clear()
@@ -334,7 +334,7 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             for part in list(parts.values()):
                 if adapter and part.adapter != adapter:
                     continue
-                holds, gone = part.store.remove_holds(keys, rid)
+                holds, gone = part.ops.remove_holds(keys, rid)
                 if holds:
                     st.removed_per_replica(part, {rid: holds}, gone)
             return True
@@ -350,7 +350,7 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             return True
         tm = (tenant, e.model_id)
         for part in list(st.parts_by_tm.get(tm, {}).values()):
-            holds, gone = part.store.remove_replica(rid)
+            holds, gone = part.ops.remove_replica(rid)
             if holds:
                 st.removed_per_replica(part, {rid: holds}, gone)
         st.drop_stats(tm, rid)

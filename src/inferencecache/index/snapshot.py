@@ -96,7 +96,7 @@ def snapshot(st: IndexState) -> dict[str, object]:
     for part in st.parts.values():
         if part.probe:
             continue
-        for rid, (holds, newest) in part.store.replica_summary().items():
+        for rid, (holds, newest) in part.ops.replica_summary().items():
             a = agg.get((part.tenant, rid))
             if a is None:
                 a = agg[(part.tenant, rid)] = _ReplicaAgg()

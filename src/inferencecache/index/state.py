@@ -28,7 +28,7 @@ from inferencecache.index.metrics import IndexMetrics
 from inferencecache.index.model import PROBE_TENANT
 from inferencecache.index.policy import PolicyTable
 from inferencecache.index.settings import IndexSettings
-from inferencecache.index.store import PartitionStore
+from inferencecache.index.store import PartitionOps, PartitionStore
 
 if TYPE_CHECKING:
     from inferencecache.index.eviction import CapPool
@@ -45,6 +45,7 @@ class Partition:
         "adapter",
         "key",
         "model",
+        "ops",
         "pid",
         "probe",
         "scheme",
@@ -62,7 +63,7 @@ class Partition:
         self.scope: Scope = (self.tenant, self.model, self.scheme)
         self.probe = self.tenant == PROBE_TENANT
         self.store = store
-
+        self.ops = PartitionOps(store)  # the optional capabilities, bound once
     def __repr__(self) -> str:
         return f"Partition({self.pid}, {self.key!r})"
 

@@ -70,7 +70,13 @@ def serve(settings: ServeSettings) -> int:
             raise click.UsageError(f"--policy-file: {e}") from e
 
     metrics = ServerMetrics()
-    backend = IndexBackend(index_settings(settings), metrics, tokenizer=tokenizers, config=config)
+    backend = IndexBackend(
+        index_settings(settings),
+        metrics,
+        tokenizer=tokenizers,
+        config=config,
+        store_backend=settings.store_backend,
+    )
     server = Server(
         backend,
         Listeners(settings.grpc_address, settings.http_address, settings.admin_address),
@@ -105,6 +111,7 @@ def serve(settings: ServeSettings) -> int:
                 ),
                 "admin_auth": token is not None,
                 "block_size": backend.index.settings.engine_block_size,
+                "store_backend": settings.store_backend,
                 "policies": len(config.policies),
                 "quotas": len(config.quotas),
             },

@@ -12,7 +12,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from inferencecache.metrics import LazyChildren
+from inferencecache.metrics import FallbackCollector, LazyChildren
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
@@ -76,6 +76,7 @@ class ServerMetrics:
             )
             for ep in AUTH_ENDPOINTS
         }
+        r.register(FallbackCollector("inferencecache_native_fallbacks"))
         self.undecodable = Counter(
             "inferencecache_server_undecodable_requests",
             "gRPC requests protobuf could not decode, by method (answered fail-open).",

@@ -10,6 +10,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferencecache.kvevents.decode import REJECT_REASONS
+from inferencecache.metrics import FallbackCollector
 
 PREFIX = "inferencecache_subscriber_"
 
@@ -28,6 +29,7 @@ class SubscriberMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
+        r.register(FallbackCollector(PREFIX + "native_fallbacks"))
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(PREFIX + name, doc, labels, registry=r)
