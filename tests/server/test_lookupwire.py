@@ -193,8 +193,7 @@ OUT_OF_RANGE: list[tuple[str, Any]] = [
 
 @pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE)
 def test_encoder_declines_and_protobuf_decides(field: str, value: Any) -> None:
-    score = ReplicaScore("r", 1.0, 16, 1.0, 1)
-    setattr(score, field, value)
+    score = ReplicaScore("r", 1.0, 16, 1.0, 1)._replace(**{field: value})
     res = LookupResult("PREFIX_MATCH", [score], 5, (), "")
     assert encode(res) is None
     try:

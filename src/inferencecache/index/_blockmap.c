@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ic_named.h"
 #include "ic_pyargs.h"
 #include "_rank.h"
 
@@ -156,7 +157,7 @@ static void qc_note(BlockMap *m, size_t pos);
 /* Set once at module init from inferencecache.index.store, never changed afterwards. */
 static PyObject *RunType = NULL;
 static PyObject *HoldType = NULL;
-static int run_fast = 0;  /* the NamedTuple can be filled like a tuple (see make_named) */
+static int run_fast = 0;  /* the NamedTuple can be filled like a tuple (see ic_named.h) */
 static int hold_fast = 0;
 
 /* ======================================================================================= */
@@ -764,22 +765,6 @@ static inline int keys_get(const Keys *k, Py_ssize_t i, const char **p, Py_ssize
  * NamedTuple classes are plain tuple subclasses with no extra fields, so they can be
  * allocated and filled like tuples (what CPython's tuple_subtype_new does); otherwise call
  * the class. */
-static PyObject *make_named(PyObject *type, int fast, PyObject **items, Py_ssize_t n) {
-    PyObject *r = NULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (items[i] == NULL) goto fail;
-    if (fast) {
-        r = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
-        if (r == NULL) goto fail;
-        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(r, i, items[i]);
-        return r;
-    }
-    r = PyObject_Vectorcall(type, items, (size_t)n, NULL);
-fail:
-    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
-    return r;
-}
-
 static PyObject *make_hold(const BlockMap *m, const Slot *s, const Hold *x, int64_t access) {
     PyObject *it[6];
     it[0] = slot_key(m, s);
@@ -788,7 +773,7 @@ static PyObject *make_hold(const BlockMap *m, const Slot *s, const Hold *x, int6
     it[3] = PyLong_FromLongLong((long long)x->last_seen);
     it[4] = PyLong_FromLong((long)x->tier);
     it[5] = PyLong_FromLongLong((long long)access);
-    return make_named(HoldType, hold_fast, it, 6);
+    return ic_make_named(HoldType, hold_fast, it, 6);
 }
 
 /* ======================================================================================= */
@@ -1482,7 +1467,7 @@ static PyObject *runs_list(const RunTable *t) {
         it[2] = PyLong_FromLongLong((long long)r->oldest);
         it[3] = PyLong_FromLong((long)r->tier);
         it[4] = PyLong_FromSsize_t(r->stamp + 1);
-        PyObject *run = make_named(RunType, run_fast, it, 5);
+        PyObject *run = ic_make_named(RunType, run_fast, it, 5);
         if (run == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -2754,19 +2739,6 @@ static PyTypeObject BlockMapType = {
     .tp_methods = BM_methods,
 };
 
-static int named_fast(PyObject *type, Py_ssize_t fields) {
-    if (!PyType_Check(type)) return 0;
-    PyTypeObject *t = (PyTypeObject *)type;
-    PyObject *f = PyObject_GetAttrString(type, "_fields");
-    int ok = f != NULL && PyTuple_Check(f) && PyTuple_GET_SIZE(f) == fields;
-    Py_XDECREF(f);
-    PyErr_Clear();
-    return ok && PyType_IsSubtype(t, &PyTuple_Type) &&
-           t->tp_basicsize == PyTuple_Type.tp_basicsize &&
-           t->tp_itemsize == PyTuple_Type.tp_itemsize && t->tp_dictoffset == 0 &&
-           t->tp_alloc != NULL;
-}
-
 static struct PyModuleDef bm_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "inferencecache.index._blockmap",
@@ -2786,8 +2758,8 @@ PyMODINIT_FUNC PyInit__blockmap(void) {
             Py_CLEAR(RunType);
             return NULL;
         }
-        run_fast = named_fast(RunType, 5);
-        hold_fast = named_fast(HoldType, 6);
+        run_fast = ic_named_fast(RunType, 5);
+        hold_fast = ic_named_fast(HoldType, 6);
     }
     PyObject *mod = PyModule_Create(&bm_module);
     if (mod == NULL) return NULL;

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "_rank.h"
+#include "ic_named.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define RK_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -95,6 +96,7 @@ static PyObject *s_pressure = NULL;
 static PyObject *s_empty = NULL;
 static PyObject *s_zero = NULL;
 static PyObject *score_type = NULL; /* inferencecache.index.model.ReplicaScore */
+static int score_fast = 0;          /* a plain NamedTuple: built through the tuple API */
 
 static inline double f32(double x) { return (double)(float)x; }
 
@@ -355,17 +357,13 @@ static inline PyObject *obj_or_new(PyObject *o, long long v) {
 /* ReplicaScore(replica_id, score, matched_tokens, estimated_cache_hit_prob, tier) */
 static PyObject *make_score(const RRow *r) {
     PyObject *a[5];
-    a[0] = r->name;
+    a[0] = Py_NewRef(r->name);
     a[1] = PyFloat_FromDouble(r->score);
     a[2] = obj_or_new(r->tok_obj, r->matched);
     a[3] = PyFloat_FromDouble(r->prob);
     /* ingest.report_tier: T1..T3 (any value <= 3) as is, anything colder UNSPECIFIED */
     a[4] = r->tier <= 3 ? obj_or_new(r->tier_obj, r->tier) : Py_NewRef(s_zero);
-    PyObject *obj = NULL;
-    if (a[1] != NULL && a[2] != NULL && a[3] != NULL && a[4] != NULL)
-        obj = PyObject_Vectorcall(score_type, a, 5, NULL);
-    for (int i = 1; i < 5; i++) Py_XDECREF(a[i]);
-    return obj;
+    return ic_make_named(score_type, score_fast, a, 5);
 }
 
 static PyObject *make_credit(const RRow *r) {
@@ -685,6 +683,7 @@ PyMODINIT_FUNC PyInit__rank(void) {
         score_type = PyObject_GetAttrString(model, "ReplicaScore");
         Py_DECREF(model);
         if (score_type == NULL) return NULL;
+        score_fast = ic_named_fast(score_type, 5);
     }
     PyObject *mod = PyModule_Create(&rk_module);
     if (mod == NULL) return NULL;

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 PROBE_TENANT = "inferencecache.io/probe"
 """Reserved tenant of the self-test probe: acked, never indexed visibly (contract §2.5)."""
@@ -232,8 +232,10 @@ class LookupRequest:
     deadline: float | None = None
 
 
-@dataclass(slots=True)
-class ReplicaScore:
+class ReplicaScore(NamedTuple):
+    """One ranked replica of a LookupRoute answer (the contract's ``ReplicaScore``). A named
+    tuple: the compiled ranker builds one per returned replica through the tuple API."""
+
     replica_id: str
     score: float = 0.0
     matched_tokens: int = 0
