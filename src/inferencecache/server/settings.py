@@ -99,9 +99,9 @@ class ServeSettings:
     )
     store_backend: str = setting(
         "native" if "native" in STORE_BACKENDS else "python",
-        param=click.Choice(("native", "python")),
+        param=click.Choice(sorted(STORE_BACKENDS)),
         help="Where the index keeps its holds: native (compiled, the default when built) or "
-        "python (pure Python, slower).",
+        "python (pure Python, slower); index/backends.py lists them.",
     )
     pressure_weight: float = setting(
         1.0, help="PRESSURE_WEIGHT: score factor clamp(1 - w * pressure, 0, 1); 0 turns it off."
