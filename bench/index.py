@@ -271,7 +271,7 @@ def child_index(backend: str, holds: int, quick: bool) -> dict[str, Any]:
     n = len(reqs)
     p50, p99 = timed(lambda j: router.lookup(reqs[j % n]), calls)
     router.close()
-    # Ingest with the global cap reached: every update now also evicts (contract §6.3).
+    # Ingest with the global cap reached: every update now also evicts (contract-and-index.md §6.3).
     capped = Index(IndexSettings(max_holds=holds), store_factory=factory, config=IndexConfig())
     for _i, packed, replicas in wl.placements(holds):
         keys = split(packed)

@@ -1,4 +1,4 @@
-"""TTL sweep, global cap, tenant quotas: contract §10 items 76-82."""
+"""TTL sweep, global cap, tenant quotas: contract-and-index.md §10 items 76-82."""
 
 from __future__ import annotations
 

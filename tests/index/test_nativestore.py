@@ -318,7 +318,7 @@ def test_access_counts_grow_and_survive_refresh() -> None:
 
 
 def test_spec_worked_example_runs() -> None:
-    """Contract §5.5 worked example: A holds h1-h3, B h1-h2, C h1."""
+    """contract-and-index.md §5.5 worked example: A holds h1-h3, B h1-h2, C h1."""
     m, ref = both()
     h = [k8(0xA000 + i) for i in range(4)]
     minute = 60_000_000

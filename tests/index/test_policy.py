@@ -1,4 +1,5 @@
-"""Per-tenant configuration: the --policy-file format (§6.7) and the /policy body (§9.4)."""
+"""Per-tenant configuration: the --policy-file format and the /policy body
+(contract-and-index.md §6.7, §9.4)."""
 
 from __future__ import annotations
 

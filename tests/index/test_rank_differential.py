@@ -1,12 +1,12 @@
 """Differential tests of the compiled scoring step (``_rank.Ranker``, ``BlockMap.walk_ranked``,
 packed walk counts) against the pure-Python reference (``ranking.PyRanker``).
 
-The compiled ranker may decline an input (None: the caller runs the twin); whenever it answers,
-the answer must be the twin's to the bit: same rows, same order, same float32 scores (sign of
-zero included), same G1 cut and LFU credit list. The strategies aim at the edges of contract
-§5.4: ties broken by replica name, token sums <= 0, freshness at 0/1 and on the TTL, float32
-rounding of large counts, stats rows on the freshness boundary, SLO bias, DP with 0/1/n
-replicas in scope, and floors exactly hit.
+The compiled ranker may decline an input (None: the caller runs the twin); whenever it answers, the
+answer must be the twin's to the bit: same rows, same order, same float32 scores (sign of zero
+included), same G1 cut and LFU credit list. The strategies aim at the edges of contract
+contract-and-index.md §5.4: ties broken by replica name, token sums <= 0, freshness at 0/1 and on
+the TTL, float32 rounding of large counts, stats rows on the freshness boundary, SLO bias, DP with
+0/1/n replicas in scope, and floors exactly hit.
 """
 
 from __future__ import annotations
@@ -192,7 +192,8 @@ def test_ties_break_by_replica_name_and_keep_input_order() -> None:
 
 
 def test_dp_freshness_pressure_and_g1_worked_example() -> None:
-    """§5.5's worked example: 192 x 29/30 x 2/3, 128 x 28/30 x 1/3, 64 x 26/30 x 0."""
+    """contract-and-index.md §5.5's worked example: 192 x 29/30 x 2/3, 128 x 28/30 x 1/3, 64 x 26/30
+    x 0."""
     minute = 60_000_000
     rows = [
         Run(0, 192, NOW - minute, 1, 3),

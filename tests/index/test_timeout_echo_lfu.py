@@ -1,4 +1,4 @@
-"""Timeouts, echo rules, LFU credit, hint_used: contract §10 items 70-75."""
+"""Timeouts, echo rules, LFU credit, hint_used: contract-and-index.md §10 items 70-75."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ TENANT = "t"
 MODEL = "m"
 SCHEME = "vllm"
 
-# Contract §10 preamble: floors off, affinity off (one replica in scope unless a test adds more).
+# contract-and-index.md §10 preamble: floors off, affinity off (one replica in scope unless a test
+# adds more).
 PERMISSIVE = TenantPolicy(minimum_matched_tokens=0, routing_floor_score=0.0, affinity_routing=False)
 CONFIG = IndexConfig(policies={TENANT: PERMISSIVE})
 

@@ -1,4 +1,4 @@
-"""HTTP surfaces (§9.2-§9.5) over real HTTP with an aiohttp client."""
+"""HTTP surfaces (contract-and-index.md §9.2-§9.5) over real HTTP with an aiohttp client."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 /*
- * inferencecache.index._rank: the PREFIX_MATCH scoring step of LookupRoute (contract §5.4,
- * §5.5, §5.8 G1) in C. Pure-Python reference: inferencecache.index.ranking.PyRanker; both give
+ * inferencecache.index._rank: the PREFIX_MATCH scoring step of LookupRoute (contract-and-index.md §5.4,
+ * contract-and-index.md §5.5, §5.8 G1) in C. Pure-Python reference: inferencecache.index.ranking.PyRanker; both give
  * identical results (tests/index/test_rank_differential.py).
  *
  * Ranker(names, settings): settings is a ranking.RankSettings (read by attribute name, once);
@@ -626,7 +626,7 @@ static PyTypeObject BoundType = {
     .tp_methods = Bound_methods,
 };
 
-/* ---- the affinity seed of a packed chain (contract §5.9) ---- */
+/* ---- the affinity seed of a packed chain (contract-and-index.md §5.9) ---- */
 
 /* concat(u32_be(8) || h) over the 8-byte hashes of `packed` (a trailing partial hash is
  * ignored): ranking._seed_of_packed. */

@@ -24,4 +24,5 @@ class BoundRanker:
         """Ranked scores as ``ranking.PyBoundRanker.rank``; None = run the reference."""
 
 def packed_seed(packed: bytes, /) -> bytes:
-    """The §5.9 affinity seed of a packed chain (twin: ``ranking._seed_of_packed``)."""
+    """The contract-and-index.md §5.9 affinity seed of a packed chain (twin:
+    ``ranking._seed_of_packed``)."""

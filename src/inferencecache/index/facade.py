@@ -50,7 +50,7 @@ class StatsView(NamedTuple):
 
 
 class Index:
-    """The routing index (contract §3-§7). Every public method is atomic to lookups."""
+    """The routing index (contract-and-index.md §3-§7). Every public method is atomic to lookups."""
 
     def __init__(
         self,
@@ -80,7 +80,8 @@ class Index:
         return self._state.policies.config
 
     def replace_config(self, config: IndexConfig) -> None:
-        """Swap the whole per-tenant configuration (replace-on-write, §6.7)."""
+        """Swap the whole per-tenant configuration (replace-on-write,
+        contract-and-index.md §6.7)."""
         table = PolicyTable(config, self.settings.default_ttl_us)
         with self._lock:
             self._state.policies = table
@@ -102,9 +103,9 @@ class Index:
     def apply_update(
         self, update: UpdateLike | PackedUpdate, *, allow_probe: bool = False
     ) -> None:
-        """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap. The
-        compact form of the server's wire parser (``PackedUpdate``) gives the same result.
-        Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
+        """Apply one CacheStateUpdate (contract-and-index.md §4.2), then the tenant quota and the
+        global cap. The compact form of the server's wire parser (``PackedUpdate``) gives the same
+        result. Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
         ``/probe`` self-test)."""
         now = self.clock.now_us()
         st = self._state
@@ -119,8 +120,9 @@ class Index:
                 st.finish()
 
     def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
-        """Apply one CacheEvent (§4.4); a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
-        applies every hash under this one lock. ``allow_probe`` as in ``apply_update``."""
+        """Apply one CacheEvent (contract-and-index.md §4.4); a batched ``PREFIX_EVICTED``
+        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` as in
+        ``apply_update``."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
@@ -130,7 +132,7 @@ class Index:
                 st.finish()
 
     def sweep(self) -> None:
-        """TTL sweep (§6.2); the server calls it every ``sweep_interval``."""
+        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
@@ -142,14 +144,14 @@ class Index:
     # -- reads ----------------------------------------------------------------------------
 
     def cache_state(self, tenant_id: str, model_id: str) -> CacheState:
-        """GetCacheState (§5.13)."""
+        """GetCacheState (contract-and-index.md §5.13)."""
         from inferencecache.index.snapshot import cache_state
 
         with self._lock:
             return cache_state(self._state, tenant_id, model_id)
 
     def snapshot(self) -> dict[str, object]:
-        """The ``/snapshot`` document (§9.3), JSON-ready."""
+        """The ``/snapshot`` document (contract-and-index.md §9.3), JSON-ready."""
         from inferencecache.index.snapshot import snapshot
 
         with self._lock:

@@ -1,7 +1,7 @@
-"""Index orchestration of one lookup (contract §5.3): exact and chain matching over one
-partition, scored and ranked (§5.4-§5.5, G1), else TENANT_HOT (§5.6), else the miss classifier
-(§5.7). Runs under the index lock (``Index.run_locked``); the Router and the ``/probe``
-self-test both call ``orchestrate``.
+"""Index orchestration of one lookup (contract-and-index.md §5.3): exact and chain matching over one
+partition, scored and ranked (contract-and-index.md §5.4-§5.5, G1), else TENANT_HOT (§5.6), else the
+miss classifier (contract-and-index.md §5.7). Runs under the index lock (``Index.run_locked``); the
+Router and the ``/probe`` self-test both call ``orchestrate``.
 
 One store call per match: ``holders`` then one ranker call, or the ``walk_ranked`` capability
 (the walk and the ranker in one call: the compiled store hands its runs to the compiled ranker
@@ -40,10 +40,10 @@ def orchestrate(
     now_us: int,
     ttft_ms: int,
 ) -> Orchestrated:
-    """§5.3 for the partition ``key`` = (tenant, model, scheme, adapter): chain matching of
-    ``keys`` with their token ``counts`` when not None (leading runs from block 0, §5.5, the
-    chain-path DP), else exact matching of ``exact_hash`` (every fresh hold: matched = stored
-    count, DP's ``match`` = the number of fresh holders)."""
+    """contract-and-index.md §5.3 for the partition ``key`` = (tenant, model, scheme, adapter):
+    chain matching of ``keys`` with their token ``counts`` when not None (leading runs from block 0,
+    contract-and-index.md §5.5, the chain-path DP), else exact matching of ``exact_hash`` (every
+    fresh hold: matched = stored count, DP's ``match`` = the number of fresh holders)."""
     tenant, model, scheme, _adapter = key
     if not tenant or not model or not scheme:
         return None, [], None, None
@@ -84,7 +84,8 @@ def credit(
     keys: Sequence[bytes] | bytes | None,
     exact_hash: bytes,
 ) -> None:
-    """§5.10: +1 access on every contributing hold of every returned replica."""
+    """contract-and-index.md §5.10: +1 access on every contributing hold of every returned
+    replica."""
     store = part.store
     for rid, blocks in credit:
         if blocks <= 0:

@@ -51,7 +51,7 @@ def _split(packed: bytes) -> list[bytes]:
 
 
 def wrap32(x: int) -> int:
-    """Two's complement int32 wrap (contract §5.5 "Integers")."""
+    """Two's complement int32 wrap (contract-and-index.md §5.5 "Integers")."""
     return ((x + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
 
 

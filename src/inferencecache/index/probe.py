@@ -1,4 +1,5 @@
-"""The ``/probe`` self-test (contract §9.5): ingest, find and route one synthetic block in process.
+"""The ``/probe`` self-test (contract-and-index.md §9.5): ingest, find and route one synthetic block
+in process.
 
 The server's HTTP handler calls ``Prober.run(body)``: a ``ProbeRequestError`` means 400, else
 the returned dict is the JSON reply. Probes of one ``(backend, model)`` are serialised (they

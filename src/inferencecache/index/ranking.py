@@ -1,4 +1,5 @@
-"""Scores, DP, TENANT_HOT candidates, the miss classifier, gates and affinity (contract §5.4-§5.9).
+"""Scores, DP, TENANT_HOT candidates, the miss classifier, gates and affinity
+(contract-and-index.md §5.4-§5.9).
 
 Scores follow the reference's float32 arithmetic: freshness and the other factors are computed
 in float64, narrowed to float32, and multiplied left to right as written with a float32
@@ -58,7 +59,7 @@ class Row:
 
 
 def freshness(age_us: int, ttl_us: int) -> float:
-    """§5.4: 1 at age <= 0, 0 at age >= ttl, linear between (float64)."""
+    """contract-and-index.md §5.4: 1 at age <= 0, 0 at age >= ttl, linear between (float64)."""
     if age_us <= 0:
         return 1.0
     if age_us >= ttl_us:
@@ -67,7 +68,8 @@ def freshness(age_us: int, ttl_us: int) -> float:
 
 
 def dp_factor(match: int, total: int) -> float:
-    """§5.4 DP: 1 if total <= 1 or match < 0; 0 if match >= total; else 1 - match/total."""
+    """contract-and-index.md §5.4 DP: 1 if total <= 1 or match < 0; 0 if match >= total; else 1 -
+    match/total."""
     if total <= 1 or match < 0:
         return 1.0
     if match >= total:
@@ -97,7 +99,8 @@ def _pressure_factor(weight: float, pressure: float) -> float:
 
 
 def prefix_match_score(matched: int, f: float, pf: float, slo: float, dp: float) -> float:
-    """``matched * f * pressure_factor * (1 + f*slo) * DP`` in float32 (§5.4)."""
+    """``matched * f * pressure_factor * (1 + f*slo) * DP`` in float32
+    (contract-and-index.md §5.4)."""
     s = f32(f32(float(matched)) * f) if f != 1.0 else f32(float(matched))
     if pf != 1.0:
         s = f32(s * pf)
@@ -109,7 +112,8 @@ def prefix_match_score(matched: int, f: float, pf: float, slo: float, dp: float)
 
 
 def tenant_hot_score(hit_rate: float, recency: float, pf: float, slo: float) -> float:
-    """``hit_rate * recency * pressure_factor * (1 + recency*slo)`` in float32 (§5.4)."""
+    """``hit_rate * recency * pressure_factor * (1 + recency*slo)`` in float32
+    (contract-and-index.md §5.4)."""
     s = f32(hit_rate * recency)
     if pf != 1.0:
         s = f32(s * pf)
@@ -157,12 +161,12 @@ class RankSettings:
     Identity equality (``eq=False``): a ranker cache is keyed by the object.
     """
 
-    ttl_us: int  # the tenant's TTL: freshness is 0 at this age (§5.4)
-    pressure_weight: float  # pressure_factor = 1 - weight * pressure (§5.4)
+    ttl_us: int  # the tenant's TTL: freshness is 0 at this age (contract-and-index.md §5.4)
+    pressure_weight: float  # pressure_factor = 1 - weight * pressure (contract-and-index.md §5.4)
     slo_tight_ttft_ms: int  # a request with 0 < ttft_ms < this gets the SLO bias
     slo_bias: float  # the float32 SLO bias, 0.0 when the bias is off
-    min_matched: int  # G1: rows matching fewer tokens are cut (§5.8); 0 = off
-    credit: bool  # return the LFU credit list (the tenant evicts by LFU, §5.10)
+    min_matched: int  # G1 (contract-and-index.md §5.8): fewer matched tokens are cut; 0 = off
+    credit: bool  # return the LFU credit list (LFU tenants, contract-and-index.md §5.10)
 
     @classmethod
     def of(cls, settings: IndexSettings, policy: EffectivePolicy) -> RankSettings:
@@ -186,9 +190,9 @@ Ranked = tuple[int, list[ReplicaScore], list[tuple[int, int]] | None]
 
 
 class PyRanker:
-    """The PREFIX_MATCH scoring step (§5.4, §5.5, G1 of §5.8) in Python: the reference of the
-    compiled ``_rank.Ranker`` and its fallback (the compiled one returns None for inputs it
-    does not mirror exactly, and the caller then runs this).
+    """The PREFIX_MATCH scoring step (contract-and-index.md §5.4, §5.5, G1 of §5.8) in Python: the
+    reference of the compiled ``_rank.Ranker`` and its fallback (the compiled one returns None for
+    inputs it does not mirror exactly, and the caller then runs this).
 
     ``PyRanker(names, settings)``: ``names`` is the index's replica id -> name list (read at
     each call), ``settings`` the policy's ``RankSettings``. ``bind(now_us, total, stats,
@@ -277,7 +281,8 @@ def tenant_hot(
     now_us: int,
     slo: float,
 ) -> list[Row]:
-    """§5.6 candidates (exact path after a miss): warm stats rows of replicas serving the scope."""
+    """contract-and-index.md §5.6 candidates (exact path after a miss): warm stats rows of replicas
+    serving the scope."""
     max_age = settings.tenant_hot_max_age_us
     if max_age <= 0:
         return []
@@ -304,7 +309,8 @@ def tenant_hot(
 
 
 def classify(st: IndexState, tenant: str, model: str, scheme: str) -> str | None:
-    """§5.7 miss classifier; None = StrategyNone (cold start or novel prefix)."""
+    """contract-and-index.md §5.7 miss classifier; None = StrategyNone (cold start or novel
+    prefix)."""
     if st.total_keys == 0:
         return None
     if not st.keys_by_tenant.get(tenant):
@@ -330,7 +336,7 @@ def _seed_of_packed(packed: bytes) -> bytes:
 
 
 def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
-    """§5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
+    """contract-and-index.md §5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
     if isinstance(keys, bytes):
         return _packed_seed(keys)
     if set(map(len, keys)) == {8}:
@@ -339,7 +345,7 @@ def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
 
 
 def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
-    """§5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
+    """contract-and-index.md §5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
     head = hashlib.sha256(seed).digest()[:8]
     return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]
 

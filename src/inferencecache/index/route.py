@@ -1,4 +1,4 @@
-"""The LookupRoute pipeline (contract §5.1-§5.3, §5.8-§5.12): ``Router.lookup``.
+"""The LookupRoute pipeline (contract-and-index.md §5.1-§5.3, §5.8-§5.12): ``Router.lookup``.
 
 Order of the steps is the contract's, first exit wins. Inputs are resolved outside the index
 lock (fingerprinting token ids, tokenizing prompt_text on a worker thread with a wait bounded
@@ -36,7 +36,8 @@ from inferencecache.index.state import IndexState
 
 
 class PromptTokenizer(Protocol):
-    """Server-side tokenization of ``prompt_text`` (contract §5.2 step 4). Blocking calls."""
+    """Server-side tokenization of ``prompt_text`` (contract-and-index.md §5.2 step 4). Blocking
+    calls."""
 
     def has_model(self, model_id: str) -> bool:
         """Whether a tokenizer for ``model_id`` is loaded."""
@@ -146,7 +147,7 @@ class Router:
     # -- the pipeline ---------------------------------------------------------------------
 
     def lookup(self, req: LookupRequest) -> LookupResult:
-        """One LookupRoute (§5.1). Never raises for any well-typed request."""
+        """One LookupRoute (contract-and-index.md §5.1). Never raises for any well-typed request."""
         start = self._mono()
         tenant = req.tenant_id
         # 1. probe tenant
@@ -187,8 +188,8 @@ class Router:
         resolved: Resolved,
         start: float,
     ) -> LookupResult:
-        """Steps 9-11 of §5.1 under the index lock: orchestration, the deadline check, the
-        gates (§5.8), LFU credit (§5.10) and affinity (§5.9)."""
+        """Steps 9-11 of contract-and-index.md §5.1 under the index lock: orchestration, the
+        deadline check, the gates, LFU credit and affinity (contract-and-index.md §5.8-§5.10)."""
         (
             keys, counts, exact_hash, deadline, timeout_ms, min_prefix, effective, echo,
             chain_unequal,
@@ -209,7 +210,7 @@ class Router:
             if t1 >= deadline or (timeout_ms > 0 and (t1 - t0) * 1000.0 > timeout_ms):
                 return self._envelope(_TIMEOUT_R, start, echo)
         if strategy is _PREFIX_MATCH:
-            # 11. gates (§5.8): G0; G1 already applied by the ranker; G2
+            # 11. gates (contract-and-index.md §5.8): G0; G1 already applied by the ranker; G2
             if min_prefix > 0 and effective is not None and effective < min_prefix:
                 strategy = None
             elif not scores:
@@ -232,7 +233,7 @@ class Router:
             else:
                 return LookupResult(strategy, scores, _micros(mono() - start), echo, adapter)
         if strategy is None:
-            # affinity (§5.9)
+            # affinity (contract-and-index.md §5.9)
             reason = _NO_HINT
             scores = []
             if pol.affinity_routing and tenant and model and scheme and not chain_unequal:
@@ -249,7 +250,8 @@ class Router:
     def _prelude(
         self, req: LookupRequest, pol: EffectivePolicy, start: float
     ) -> Resolved | LookupResult:
-        """§5.1 steps 2-8: an early response, or the resolved inputs of the index part."""
+        """contract-and-index.md §5.1 steps 2-8: an early response, or the resolved inputs of the
+        index part."""
         bh = req.block_hashes
         counts_wire = req.block_token_counts
         mono = self._mono
@@ -285,7 +287,7 @@ class Router:
         if pol.require_chain and (n_hashes <= 0 or chain_unequal):
             return self._envelope(Reason.POLICY_REQUIRES_CHAIN, start)
 
-        # 5. resolve inputs (§5.2)
+        # 5. resolve inputs (contract-and-index.md §5.2)
         keys: Sequence[bytes] | bytes | None = None
         counts: Sequence[int] = ()
         exact_hash = b""
@@ -337,8 +339,8 @@ class Router:
     ) -> tuple[
         int, Sequence[bytes] | bytes | None, Sequence[int], bytes, int, int | None, Sequence[int]
     ]:
-        """§5.2 steps 3-5 (no prefix_hash, and no chain or chain matching off):
-        (status, keys, counts, exact hash, exact count, effective tokens or None, echo)."""
+        """contract-and-index.md §5.2 steps 3-5 (no prefix_hash, and no chain or chain matching
+        off): (status, keys, counts, exact hash, exact count, effective tokens or None, echo)."""
         block = self._settings.engine_block_size
         packed: bytes | None = None
         status = _OK
@@ -360,7 +362,7 @@ class Router:
         elif chain_set:  # chain fields with chain matching off
             status = _FAIL
         else:
-            # the empty-prefix_hash quirk (§5.2 step 5)
+            # the empty-prefix_hash quirk (contract-and-index.md §5.2 step 5)
             return _OK, None, (), b"", req.prefix_token_count, None, echo
         if not packed:
             return status, None, (), b"", 0, None, echo
@@ -404,7 +406,7 @@ class Router:
         return LookupResult(reason, scores, _micros(self._mono() - start), echo, adapter)
 
     def _fingerprint_tokens(self, req: LookupRequest, block: int) -> bytes | None:
-        """Packed chain of ``token_ids`` (§5.2 step 3); None = fail-open."""
+        """Packed chain of ``token_ids`` (contract-and-index.md §5.2 step 3); None = fail-open."""
         tokens = req.token_ids
         try:
             if req.token_varints and isinstance(tokens, bytes | bytearray | memoryview):
@@ -442,7 +444,8 @@ class Router:
             self._slots.release()
 
     def _tokenize(self, model: str, text: str, deadline: float | None) -> tuple[int, Sequence[int]]:
-        """§5.2 step 4: (status, tokens). Tokens are returned only on success."""
+        """contract-and-index.md §5.2 step 4: (status, tokens). Tokens are returned only on
+        success."""
         tokenizer = self._tokenizer
         if tokenizer is None or _utf8_len_over(text, MAX_TOKENS):
             return _FAIL, _NO_TOKENS

@@ -1,4 +1,4 @@
-"""The index state (contract §3): partitions of holds, the secondary views, stats rows.
+"""The index state (contract-and-index.md §3): partitions of holds, the secondary views, stats rows.
 
 Holds live in one ``PartitionStore`` per ``(tenant, model, hash_scheme, adapter)``; everything
 else here is small and derived. Every mutation of a store goes through the view-maintenance
@@ -69,7 +69,7 @@ class Partition:
 
 
 class StatsRow:
-    """One ``(tenant, model, replica)`` stats row; times in µs (contract §3)."""
+    """One ``(tenant, model, replica)`` stats row; times in µs (contract-and-index.md §3)."""
 
     __slots__ = (
         "cache_memory_bytes",

@@ -16,8 +16,8 @@ shared backend (Redis/Valkey) would be a third (docs/development.md, "Add a stor
 Conventions for every method:
 - ``replica`` is a small non-negative int interned by the index (never a string here).
 - times are int microseconds (UTC wall clock); a hold is *fresh* iff ``last_seen > fresh_after``
-  (the caller passes ``now - ttl``), matching ``freshness > 0`` of contract §5.4.
-- token counts are int32; sums wrap as two's complement (contract §5.5 "Integers").
+  (the caller passes ``now - ttl``), matching ``freshness > 0`` of contract-and-index.md §5.4.
+- token counts are int32; sums wrap as two's complement (contract-and-index.md §5.5 "Integers").
 - ``tier`` is the stored (normalised) tier: 1, 2, 3, a raw future value > 3, or 2**31-1.
 - calls are atomic with respect to each other (the index serialises them).
 """
@@ -42,7 +42,7 @@ KEY_REMOVED = 2
 
 
 class Run(NamedTuple):
-    """One replica's leading run over a request chain (contract §5.5)."""
+    """One replica's leading run over a request chain (contract-and-index.md §5.5)."""
 
     replica: int
     tokens: int  # sum of the request's counts over the run, int32-wrapped
@@ -93,7 +93,8 @@ class PartitionStore(Protocol):
     def walk(
         self, keys: Sequence[bytes] | bytes, counts: Sequence[int], fresh_after: int
     ) -> list[Run]:
-        """Leading runs of a request chain (contract §5.5), one per replica that held block 0.
+        """Leading runs of a request chain (contract-and-index.md §5.5), one per replica that held
+        block 0.
 
         ``keys`` is a sequence of key bytes, or one bytes object of concatenated 8-byte keys.
         ``counts[i]`` is the request's token count of block i. Block 0 seeds a run for each fresh
@@ -208,7 +209,7 @@ def walk_ranked(
 
 
 def cap_candidates(store: PartitionStore, k: int, lfu: bool) -> list[tuple[int, int, bytes, int]]:
-    """Eviction candidates for the global hold cap (contract §6.3).
+    """Eviction candidates for the global hold cap (contract-and-index.md §6.3).
 
     ``(effective_count, last_seen, key, replica)`` for the ``k`` smallest holds by
     ``(effective_count, last_seen)`` plus every further hold tied with the k-th, so the
@@ -226,7 +227,7 @@ def cap_candidates(store: PartitionStore, k: int, lfu: bool) -> list[tuple[int, 
 
 
 def quota_candidates(store: PartitionStore, k: int) -> list[tuple[int, bytes]]:
-    """Whole-key candidates for a tenant quota (contract §6.5).
+    """Whole-key candidates for a tenant quota (contract-and-index.md §6.5).
 
     ``(newest last_seen over the key's holds, key)`` for the ``k`` keys with the smallest
     newest-last_seen plus every further key tied with the k-th.

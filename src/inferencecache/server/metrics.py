@@ -1,4 +1,4 @@
-"""The server's Prometheus metrics (contract §9.1) in a dedicated registry.
+"""The server's Prometheus metrics (contract-and-index.md §9.1) in a dedicated registry.
 
 Label children on the lookup path are bound once per (model, reason, hint_used) and cached:
 ``labels()`` costs ~2.7 µs a call, a cached child's ``inc()`` a fraction of that. Model ids come

@@ -111,7 +111,7 @@ class InferenceCacheService:
         self._lookup_errors = metrics.lookup_errors
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
 
-    # -- stubs (contract §2.2) ----------------------------------------------------------------
+    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is wire.UNDECODABLE:
@@ -136,8 +136,9 @@ class InferenceCacheService:
     # -- lookups --------------------------------------------------------------------------------
 
     def lookup_route(self, request: LookupRequest | Any, context: grpc.ServicerContext) -> bytes:
-        """Never a gRPC error: every failure here is a fail-open ``NO_HINT`` (contract §2.5).
-        Returns the serialized LookupRouteResponse (``wire.encode_response``)."""
+        """Never a gRPC error: every failure here is a fail-open ``NO_HINT``
+        (contract-and-index.md §2.5). Returns the serialized LookupRouteResponse
+        (``wire.encode_response``)."""
         start = time.perf_counter()
         if request is wire.UNDECODABLE:
             self._bad_request("LookupRoute", context)
@@ -196,7 +197,7 @@ class InferenceCacheService:
     def report_cache_state(
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
     ) -> Any:
-        """Apply each update on receipt; Ack at half-close (contract §4.1)."""
+        """Apply each update on receipt; Ack at half-close (contract-and-index.md §4.1)."""
         ended: list[str] = []  # set once the handler decided how the stream ends
 
         def on_termination() -> None:

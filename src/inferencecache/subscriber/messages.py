@@ -1,4 +1,5 @@
-"""Contract messages the subscriber sends (contract spec §2.3, subscriber spec §3.5).
+"""Contract messages the subscriber sends (contract-and-index.md §2.3,
+engine-events-and-subscriber.md §3.5).
 
 Entries travel inside the subscriber as plain tuples ``(prefix_hash, token_count, adapter_id,
 tier)`` and become wire bytes only here, right before a send: ``UpdateEncoder`` writes a

@@ -1,4 +1,5 @@
-"""The subscriber's Prometheus metrics (spec §10), on a dedicated registry.
+"""The subscriber's Prometheus metrics (engine-events-and-subscriber.md §10), on a dedicated
+registry.
 
 Label children on hot paths are bound once here; callers hold the child objects.
 """
