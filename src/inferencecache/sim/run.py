@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from inferencecache.sim import cluster, report
-from inferencecache.sim.command import SimulateSettings, parse_sweep, with_value
+from inferencecache.sim.settings import SimulateSettings, parse_sweep, with_value
 from inferencecache.sim.simulator import SimConfig, simulate
 from inferencecache.sim.workloads import WORKLOADS, WorkloadSpec
 
