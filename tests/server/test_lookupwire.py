@@ -102,6 +102,19 @@ def test_parse_keeps_gateway_shapes_packed() -> None:
     assert got is not None and got.packed_hashes and got.block_hashes == b"a" * 8 + b"x" * 8
 
 
+def test_parse_grows_past_its_inline_buffers() -> None:
+    """A 512-block chain of 8-byte and odd hashes, counts above a byte, split token payloads."""
+    big = pb.LookupRouteRequest(
+        block_hashes=[i.to_bytes(8, "big") for i in range(600)] + [b"odd"],
+        block_token_counts=[300 + i for i in range(601)],
+        token_ids=list(range(70_000, 70_900)),
+    ).SerializeToString()
+    assert agree(big)
+    got = c_parse(big)
+    assert got is not None and list(got.block_token_counts) == [300 + i for i in range(601)]
+    assert agree(big + b"\x4a\x02\x01\x02" * 20)  # 20 more packed chunks
+
+
 def test_parse_reads_every_valid_shape() -> None:
     """What an older parser left to Python: unknown fields, multi-byte and unpacked counts,
     unpacked token ids, SLO messages with other fields, long tags."""

@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferencecache import accelerators
-from inferencecache.index.model import LegacyRun, LookupRequest
+from inferencecache.index.model import LegacyRun
 from inferencecache.server.ingest import packed_from_parsed
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 from .test_ingest_parser import updates
-from .wirefuzz import norm, reference, requests
+from .test_lookupwire import agree as lookup_agrees
+from .wirefuzz import requests
 
 LW = accelerators.built("inferencecache.server._lookupwire")
 UW = accelerators.built("inferencecache.ingestwire._native")
@@ -108,19 +109,6 @@ def emit(fields: list[Field], tag_size: int = 0, len_size: int = 0, int_size: in
 # ---- both decoders against protobuf ----------------------------------------------------------
 
 
-def lookup_agrees(buf: bytes) -> bool:
-    assert LW is not None
-    fields = LW.parse(buf)
-    want = reference(buf)
-    if want is None:
-        assert fields is None, buf
-        return False
-    if fields is None:
-        return False
-    assert norm(LookupRequest(*fields)) == want, buf
-    return True
-
-
 def update_meaning(msg: pb.CacheStateUpdate) -> tuple[Any, ...]:
     stats = None
     if msg.HasField("stats"):
@@ -158,6 +146,8 @@ def update_agrees(buf: bytes) -> bool:
 
 
 DECODERS: dict[str, Callable[[bytes], bool]] = {"lookup": lookup_agrees, "update": update_agrees}
+"""kind -> agrees(buf): the compiled parser's reading equals protobuf's (never answering what
+protobuf rejects); returns whether it answered."""
 
 
 def samples() -> st.SearchStrategy[tuple[str, bytes]]:
@@ -180,37 +170,23 @@ def _stats_filled(kind: str, buf: bytes) -> bytes:
 # ---- the targeted encodings -------------------------------------------------------------------
 
 
+# what is padded -> (the sizes tried, the largest protobuf accepts)
+PADDED = {"tag_size": ((1, 2, 5, 6), 5), "len_size": ((1, 2, 5, 6), 5),
+          "int_size": ((2, 5, 9, 10, 11), 10)}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", sorted(PADDED))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(samples(), st.integers(1, 6))
-def test_tags_in_one_to_six_bytes(sample: tuple[str, bytes], size: int) -> None:
-    """Protobuf reads a tag of up to 5 bytes and rejects 6; so must the parsers."""
+@given(sample=samples(), pick=st.integers(0, 4))
+def test_tags_lengths_and_varints_padded(what: str, sample: tuple[str, bytes], pick: int) -> None:
+    """Every tag, length or value varint re-encoded non-canonically in ``size`` bytes: protobuf
+    reads tags and lengths of up to 5 bytes and values of up to 10, and rejects longer ones; so
+    must the parsers, and they must answer every shorter form."""
+    sizes, limit = PADDED[what]
+    size = sizes[pick % len(sizes)]
     kind, buf = sample
-    agree = DECODERS[kind]
-    answered = agree(emit(tokens(buf, kind), tag_size=size))
-    if size <= 5:
-        assert answered
-
-
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(samples(), st.integers(1, 6))
-def test_lengths_in_one_to_six_bytes(sample: tuple[str, bytes], size: int) -> None:
-    kind, buf = sample
-    buf = _stats_filled(kind, buf)
-    agree = DECODERS[kind]
-    answered = agree(emit(tokens(buf, kind), len_size=size))
-    if size <= 5:
-        assert answered
-
-
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(samples(), st.sampled_from([2, 5, 9, 10, 11]))
-def test_value_varints_padded_up_to_eleven_bytes(sample: tuple[str, bytes], size: int) -> None:
-    """Non-canonical varints up to 10 bytes are valid; 11 bytes is corrupt."""
-    kind, buf = sample
-    buf = _stats_filled(kind, buf)
-    agree = DECODERS[kind]
-    answered = agree(emit(tokens(buf, kind), int_size=size))
-    if size <= 10:
+    answered = DECODERS[kind](emit(tokens(_stats_filled(kind, buf), kind), **{what: size}))
+    if size <= limit:
         assert answered
 
 

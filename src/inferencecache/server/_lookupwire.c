@@ -54,21 +54,27 @@ static void spans_init(Spans *s) {
     s->bytes = 0;
 }
 
+/* Grow an array of n items of `size` bytes at *v (the inline `local` or the heap) to cap. */
+static int grow(void **v, void *local, Py_ssize_t n, Py_ssize_t *cap_out, Py_ssize_t cap,
+                size_t size) {
+    void *nv = PyMem_Malloc((size_t)cap * size);
+    if (nv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(nv, *v, (size_t)n * size);
+    if (*v != local) PyMem_Free(*v);
+    *v = nv;
+    *cap_out = cap;
+    return 0;
+}
+
 static void spans_free(Spans *s) {
     if (s->v != s->local) PyMem_Free(s->v);
 }
 
 static int spans_grow(Spans *s, Py_ssize_t cap) {
-    Span *v = (Span *)PyMem_Malloc((size_t)cap * sizeof(Span));
-    if (v == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memcpy(v, s->v, (size_t)s->n * sizeof(Span));
-    if (s->v != s->local) PyMem_Free(s->v);
-    s->v = v;
-    s->cap = cap;
-    return 0;
+    return grow((void **)&s->v, s->local, s->n, &s->cap, cap, sizeof(Span));
 }
 
 static inline int spans_add(Spans *s, const uint8_t *p, Py_ssize_t n) {
@@ -132,18 +138,9 @@ static void ints_free(Ints *c) {
 }
 
 static int ints_add(Ints *c, int32_t x) {
-    if (c->n == c->cap) {
-        Py_ssize_t cap = 4 * c->cap;
-        int32_t *v = (int32_t *)PyMem_Malloc((size_t)cap * sizeof(int32_t));
-        if (v == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        memcpy(v, c->v, (size_t)c->n * sizeof(int32_t));
-        if (c->v != c->local) PyMem_Free(c->v);
-        c->v = v;
-        c->cap = cap;
-    }
+    if (c->n == c->cap &&
+        grow((void **)&c->v, c->local, c->n, &c->cap, 4 * c->cap, sizeof(int32_t)) < 0)
+        return -1;
     c->v[c->n++] = x;
     c->bytes_ok &= x >= 0 && x <= 255;
     return 0;
