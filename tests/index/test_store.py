@@ -6,14 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferencecache.index import STORE_BACKENDS
+from inferencecache.index.memstore import MemStore
 from inferencecache.index.store import (
     HOLD_REMOVED,
     KEY_REMOVED,
     NEW_HOLD,
     NEW_KEY,
+    OPTIONAL,
     Hold,
     PartitionOps,
     PartitionStore,
@@ -21,6 +25,32 @@ from inferencecache.index.store import (
 )
 
 StoreFactory = Callable[[], PartitionStore]
+
+
+class RequiredOnly:
+    """A backend with exactly the required operations (a MemStore behind them), so every
+    capability runs its ``store.py`` default."""
+
+    def __init__(self) -> None:
+        inner = MemStore()
+        for name in ("key_count", "hold_count", "upsert", "holders", "walk", "credit",
+                     "remove_hold", "holds"):  # fmt: skip
+            setattr(self, name, getattr(inner, name))
+
+
+@pytest.fixture(params=[*sorted(STORE_BACKENDS), "required_only"])
+def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+    """Every backend of the build, and the required operations alone."""
+    if request.param == "required_only":
+        return RequiredOnly  # type: ignore[return-value]
+    factory: StoreFactory = STORE_BACKENDS[request.param]
+    return factory
+
+
+def test_required_only_has_no_capability() -> None:
+    ops = PartitionOps(RequiredOnly())  # type: ignore[arg-type]
+    for name in OPTIONAL:
+        assert getattr(ops, name).func.__module__ == "inferencecache.index.store", name
 
 
 def k(i: int) -> bytes:

@@ -1,9 +1,11 @@
 """The pure-Python ``PartitionStore``: reference of the compiled store, and its fallback.
 
-It implements only the operations every backend must (``store.PartitionStore``); the batch and
-bulk operations, the ranked walk and the eviction candidates are the plain defaults of
+It implements the operations every backend must (``store.PartitionStore``) and one capability,
+``upsert_many`` (the ingest path: ~3x the default's loop of ``upsert`` calls); the other batch
+and bulk operations, the ranked walk and the eviction candidates are the plain defaults of
 ``store.py``, so the index suite, run once per backend, checks those defaults against the
-compiled store's own versions.
+compiled store's own versions (``tests/index/test_store.py`` also runs a store with the required
+operations only).
 
 Layout, chosen for memory first: one dict ``key bytes -> holders``. Most keys have a single
 holder, so a single holder is stored inline as a 5-tuple ``(replica, tokens, last_seen, tier,
@@ -95,6 +97,42 @@ class MemStore:
             return NEW_HOLD
         v[replica] = (tokens, last_seen, tier, h[3])
         return 0
+
+    def upsert_many(
+        self,
+        keys: Sequence[bytes] | bytes,
+        tokens: Sequence[int],
+        replica: int,
+        last_seen: int,
+        tier: int,
+    ) -> tuple[int, int]:
+        if isinstance(keys, bytes):
+            keys = _split(keys)
+        m = self._m
+        new_keys = 0
+        new_holds = 0
+        get = m.get
+        for key, tok in zip(keys, tokens, strict=False):
+            v = get(key)
+            if v is None:
+                m[key] = (replica, tok, last_seen, tier, 0)
+                new_keys += 1
+                new_holds += 1
+            elif isinstance(v, tuple):
+                if v[0] == replica:
+                    m[key] = (replica, tok, last_seen, tier, v[4])
+                else:
+                    m[key] = {v[0]: (v[1], v[2], v[3], v[4]), replica: (tok, last_seen, tier, 0)}
+                    new_holds += 1
+            else:
+                h = v.get(replica)
+                if h is None:
+                    v[replica] = (tok, last_seen, tier, 0)
+                    new_holds += 1
+                else:
+                    v[replica] = (tok, last_seen, tier, h[3])
+        self._holds += new_holds
+        return new_keys, new_holds
 
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None:
         m = self._m
