@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from inferencecache import fingerprint
+from inferencecache import accelerators, fingerprint
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.facade import Index
 from inferencecache.index.ingest import wrap32
@@ -417,6 +417,7 @@ class Router:
                     packed = fingerprint.chain_from_varints(buf, block)
                 except ValueError:
                     # protobuf truncates uint32 values above 32 bits; decode the same way
+                    accelerators.fell_back("token_varints")
                     packed = fingerprint.chain_packed(_varints_truncating(buf), block)
             else:
                 if len(tokens) > MAX_TOKENS:
