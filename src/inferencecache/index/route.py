@@ -130,7 +130,10 @@ class Router:
         self._settings = settings
         self._max_blocks = settings.max_blocks_per_entry
         self._names = index.run_locked(_replica_names)
-        self._rankers = RankerCache(self._names, settings)
+        self._rankers_of = RankerCache(self._names, settings).get
+        # bound once: the lookup path calls these on every request
+        self._policy = index.policy
+        self._run_locked = index.run_locked
         self._uniform_counts: dict[int, Sequence[int]] = {}
 
     @property
@@ -153,7 +156,7 @@ class Router:
         # 1. probe tenant
         if tenant == PROBE_TENANT:
             return LookupResult(_NO_HINT)
-        pol = self._index.policy(tenant)
+        pol = self._policy(tenant)
         bh = req.block_hashes
         if (
             pol.plain_chain
@@ -175,8 +178,8 @@ class Router:
             if isinstance(early, LookupResult):
                 return early  # an early exit of steps 2-7
             resolved = early
-        return self._index.run_locked(
-            self._decide, req, pol, self._rankers.get(pol), resolved, start
+        return self._run_locked(
+            self._decide, req, pol, self._rankers_of(pol), resolved, start
         )
 
     def _decide(
