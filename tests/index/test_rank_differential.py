@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferencecache.index.ingest import f32
+from inferencecache.index.apply import f32
 from inferencecache.index.memstore import MemStore
 from inferencecache.index.model import ReplicaScore
 from inferencecache.index.ranking import PyRanker, RankSettings

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferencecache import accelerators
-from inferencecache.index.ingest import f32
+from inferencecache.index.apply import f32
 from inferencecache.index.model import LookupRequest, LookupResult, ReplicaScore
 from inferencecache.server import wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb

@@ -361,7 +361,7 @@ static PyObject *make_score(const RRow *r) {
     a[1] = PyFloat_FromDouble(r->score);
     a[2] = obj_or_new(r->tok_obj, r->matched);
     a[3] = PyFloat_FromDouble(r->prob);
-    /* ingest.report_tier: T1..T3 (any value <= 3) as is, anything colder UNSPECIFIED */
+    /* apply.report_tier: T1..T3 (any value <= 3) as is, anything colder UNSPECIFIED */
     a[4] = r->tier <= 3 ? obj_or_new(r->tier_obj, r->tier) : Py_NewRef(s_zero);
     return ic_make_named(score_type, score_fast, a, 5);
 }

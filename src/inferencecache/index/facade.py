@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar, TypeVarTuple
 
-from inferencecache.index import eviction, ingest
+from inferencecache.index import apply, eviction
 from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
@@ -111,7 +111,7 @@ class Index:
         st = self._state
         with self._lock:
             try:
-                if ingest.apply_update(st, update, now, allow_probe=allow_probe):
+                if apply.apply_update(st, update, now, allow_probe=allow_probe):
                     tenant = update.tenant_id
                     if tenant != PROBE_TENANT:
                         eviction.enforce_quota(st, tenant)
@@ -127,7 +127,7 @@ class Index:
         st = self._state
         with self._lock:
             try:
-                ingest.apply_event(st, event, now, allow_probe=allow_probe)
+                apply.apply_event(st, event, now, allow_probe=allow_probe)
             finally:
                 st.finish()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 from inferencecache import accelerators
-from inferencecache.index.ingest import f32, report_tier
+from inferencecache.index.apply import f32, report_tier
 from inferencecache.index.model import Reason, ReplicaScore
 from inferencecache.index.policy import EffectivePolicy
 from inferencecache.index.settings import IndexSettings

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from inferencecache import accelerators, fingerprint
+from inferencecache.index.apply import wrap32
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.facade import Index
-from inferencecache.index.ingest import wrap32
 from inferencecache.index.lookup import credit as lfu_credit
 from inferencecache.index.lookup import orchestrate
 from inferencecache.index.model import (

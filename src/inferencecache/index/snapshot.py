@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from inferencecache.index.ingest import f32
+from inferencecache.index.apply import f32
 from inferencecache.index.model import PROBE_TENANT, CacheState, ReplicaStatsRow
 from inferencecache.index.state import IndexState, StatsRow
 
