@@ -11,7 +11,7 @@ What each side does with the same events (an *event* = one batch of one worker s
 - **ours** — what the server does per message, from the message's wire bytes: a stored batch
   is the ``CacheStateUpdate`` the subscriber sends (one legacy ``PrefixEntry`` per block:
   fingerprint + cumulative tokens, T1), parsed by the server's ReportCacheState deserializer
-  (``server.ingest.parse_update_request``: C, one ``LegacyRun``) and applied with
+  (``server.report_request.parse_update_request``: C, one ``LegacyRun``) and applied with
   ``Index.apply_update``; a removed batch is one batched ``PREFIX_EVICTED`` ``CacheEvent``
   (``prefix_hash`` + ``prefix_hashes``, what ``subscribe --batch-evictions`` sends), parsed with
   protobuf (the server's PublishEvent deserializer) and applied with ``Index.apply_event``; a
@@ -183,7 +183,7 @@ class Ours:
         return {"events": len(calls), "queries": len(self.requests), "store": store}
 
     def _apply(self, index: Any, calls: list[tuple[int, Any]]) -> None:
-        from inferencecache.server.ingest import parse_update_request
+        from inferencecache.server.report_request import parse_update_request
         from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
         au = index.apply_update

@@ -4,8 +4,9 @@
   bytes; it answers every request protobuf decodes (no groups in these), and never one protobuf
   rejects.
 - ``encode``: whenever it answers, the bytes equal protobuf's serialization of the reference
-  construction (``wire.response_from_result``); it declines (None) exactly where protobuf would
-  convert or reject a value, and ``wire.encode_response`` then raises as protobuf does.
+  construction (``lookup_wire.response_from_result``); it declines (None) exactly where protobuf
+  would convert or reject a value, and ``lookup_wire.encode_response`` then raises as protobuf
+  does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from inferencecache import accelerators
 from inferencecache.index.apply import f32
 from inferencecache.index.model import LookupRequest, LookupResult, ReplicaScore
-from inferencecache.server import wire
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 from .wirefuzz import mutate, norm, reference, requests
@@ -187,11 +188,11 @@ def encode(res: Any) -> bytes | None:
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(results())
 def test_encoder_bytes_equal_protobuf(res: LookupResult) -> None:
-    want = wire.response_from_result(res).SerializeToString()
+    want = lookup_wire.response_from_result(res).SerializeToString()
     got = encode(res)
     assert got is not None  # every value here is one protobuf stores as given
     assert got == want
-    assert pb.LookupRouteResponse.FromString(got) == wire.response_from_result(res)
+    assert pb.LookupRouteResponse.FromString(got) == lookup_wire.response_from_result(res)
 
 
 OUT_OF_RANGE: list[tuple[str, Any]] = [
@@ -210,11 +211,11 @@ def test_encoder_declines_and_protobuf_decides(field: str, value: Any) -> None:
     res = LookupResult("PREFIX_MATCH", [score], 5, (), "")
     assert encode(res) is None
     try:
-        want: Any = wire.response_from_result(res).SerializeToString()
+        want: Any = lookup_wire.response_from_result(res).SerializeToString()
     except Exception as e:
         want = type(e)
     try:
-        got: Any = wire.encode_response(res)
+        got: Any = lookup_wire.encode_response(res)
     except Exception as e:
         got = type(e)
     assert got == want

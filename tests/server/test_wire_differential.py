@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from inferencecache import accelerators
 from inferencecache.index.model import LegacyRun
-from inferencecache.server.ingest import packed_from_parsed
+from inferencecache.server.report_request import packed_from_parsed
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-from .test_ingest_parser import updates
 from .test_lookupwire import agree as lookup_agrees
+from .test_report_request import updates
 from .wirefuzz import requests
 
 LW = accelerators.built("inferencecache.server._lookupwire")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from inferencecache.fingerprint import decode_varints, split_packed
 from inferencecache.index.model import LookupRequest
-from inferencecache.server import wire
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -109,4 +109,4 @@ def reference(buf: bytes) -> tuple[object, ...] | None:
         msg = pb.LookupRouteRequest.FromString(buf)
     except Exception:
         return None
-    return norm(wire.from_message(msg))
+    return norm(lookup_wire.from_message(msg))

@@ -1,6 +1,6 @@
 /*
  * inferencecache.server._lookupwire: the LookupRoute request parser and response encoder in C.
- * Without this build, protobuf itself parses and serializes (server/wire.py); tests compare the
+ * Without this build, protobuf itself parses and serializes (server/lookup_wire.py); tests compare the
  * two on every input (tests/server/test_wire_differential.py, test_lookupwire.py).
  *
  * parse(buf) -> tuple of the LookupRequest fields, or None

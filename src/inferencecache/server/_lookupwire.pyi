@@ -1,5 +1,5 @@
 """Type stub of the compiled LookupRoute wire helpers (``_lookupwire.c``); without the build,
-protobuf parses and serializes (``wire.py``)."""
+protobuf parses and serializes (``lookup_wire.py``)."""
 
 from typing import Any
 

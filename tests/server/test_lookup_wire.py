@@ -9,19 +9,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferencecache.index.model import LookupRequest
-from inferencecache.server import wire
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 from .wirefuzz import mutate, norm, reference, requests
 
 
 def check(buf: bytes) -> None:
-    got = wire.parse_lookup_request(buf)
+    got = lookup_wire.parse_lookup_request(buf)
     want = reference(buf)
     if want is None:
-        assert got is wire.UNDECODABLE
+        assert got is lookup_wire.UNDECODABLE
     else:
-        assert got is not wire.UNDECODABLE
+        assert got is not lookup_wire.UNDECODABLE
         assert norm(got) == want
 
 
@@ -56,7 +56,7 @@ def test_unknown_fields_are_skipped() -> None:
         + b"\x00" * 4  # field 15 fixed32
         + b"\xa2\x06\x02hi"  # field 100: a two-byte tag
     )
-    got = wire.parse_lookup_request(base + extra)
+    got = lookup_wire.parse_lookup_request(base + extra)
     assert isinstance(got, LookupRequest) and (got.model_id, got.tenant_id) == ("m", "t")
     check(base + extra)
 
@@ -65,7 +65,7 @@ def test_unpacked_and_split_repeated_fields_decode_like_protobuf() -> None:
     # token_ids unpacked (wire type 0) and counts split over two packed chunks
     buf = b"\x48\x05\x48\x06" + b"\x42\x01\x10" + b"\x42\x01\x20" + b"\x4a\x01\x07"
     check(buf)
-    got = wire.parse_lookup_request(buf)
+    got = lookup_wire.parse_lookup_request(buf)
     assert norm(got)[7] == [16, 32]
     assert norm(got)[8] == [5, 6, 7]
 
@@ -73,12 +73,12 @@ def test_unpacked_and_split_repeated_fields_decode_like_protobuf() -> None:
 def test_multibyte_and_negative_counts() -> None:
     req = pb.LookupRouteRequest(block_hashes=[b"a" * 8] * 3, block_token_counts=[128, -1, 16])
     check(req.SerializeToString())
-    got = wire.parse_lookup_request(req.SerializeToString())
+    got = lookup_wire.parse_lookup_request(req.SerializeToString())
     assert isinstance(got, LookupRequest) and list(got.block_token_counts) == [128, -1, 16]
 
 
 def test_bad_input_invalid_utf8_is_undecodable() -> None:
-    assert wire.parse_lookup_request(b"\x0a\x02\xff\xfe") is wire.UNDECODABLE
+    assert lookup_wire.parse_lookup_request(b"\x0a\x02\xff\xfe") is lookup_wire.UNDECODABLE
 
 
 def test_bad_input_token_varint_above_u32() -> None:
@@ -86,7 +86,7 @@ def test_bad_input_token_varint_above_u32() -> None:
     index decodes it the same way."""
     buf = b"\x4a\x05\xff\xff\xff\xff\x7f"
     check(buf)
-    got = wire.parse_lookup_request(buf)
+    got = lookup_wire.parse_lookup_request(buf)
     assert isinstance(got, LookupRequest)
     if got.token_varints:
         assert got.token_ids == b"\xff\xff\xff\xff\x7f"
@@ -95,13 +95,13 @@ def test_bad_input_token_varint_above_u32() -> None:
 
 
 def test_bad_input_truncated_token_varint_is_undecodable() -> None:
-    assert wire.parse_lookup_request(b"\x4a\x02\x01\x80") is wire.UNDECODABLE
+    assert lookup_wire.parse_lookup_request(b"\x4a\x02\x01\x80") is lookup_wire.UNDECODABLE
 
 
 def test_mixed_hash_lengths_keep_order() -> None:
     hashes = [b"12345678", b"xy", b"abcdefgh", b"ABCDEFGH", b""]
     req = pb.LookupRouteRequest(block_hashes=hashes)
-    got = wire.parse_lookup_request(req.SerializeToString())
+    got = lookup_wire.parse_lookup_request(req.SerializeToString())
     assert isinstance(got, LookupRequest) and not got.packed_hashes
     assert list(got.block_hashes) == hashes
 
@@ -109,7 +109,7 @@ def test_mixed_hash_lengths_keep_order() -> None:
 def test_slo_messages_merge() -> None:
     buf = b"\x32\x02\x08\x05" + b"\x32\x02\x10\x07"
     check(buf)
-    got = wire.parse_lookup_request(buf)
+    got = lookup_wire.parse_lookup_request(buf)
     assert isinstance(got, LookupRequest) and got.ttft_ms == 5
 
 
@@ -117,7 +117,7 @@ def test_bad_input_varint_longer_than_ten_bytes_is_undecodable() -> None:
     """CI found this: an 11-byte varint inside packed token_ids; protobuf rejects the message."""
     buf = b"J\x0b\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x800"
     assert reference(buf) is None
-    assert wire.parse_lookup_request(buf) is wire.UNDECODABLE
+    assert lookup_wire.parse_lookup_request(buf) is lookup_wire.UNDECODABLE
     check(b"J\x0b" + b"\xff" * 9 + b"\x01\x05")  # 10 bytes: protobuf accepts, so must we
 
 
@@ -125,5 +125,5 @@ def test_bad_input_varint_cut_at_a_packed_chunk_end_is_undecodable() -> None:
     """Each packed chunk holds whole varints: joining chunks must not mend a cut one."""
     buf = b"J\x01\x80J\x01\x01"
     assert reference(buf) is None
-    assert wire.parse_lookup_request(buf) is wire.UNDECODABLE
+    assert lookup_wire.parse_lookup_request(buf) is lookup_wire.UNDECODABLE
     check(b"J\x01\x05J\x01\x01")

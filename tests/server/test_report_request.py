@@ -1,4 +1,5 @@
-"""ReportCacheState's compact parser (``server.ingest`` over ``ingestwire``) against protobuf.
+"""ReportCacheState's compact parser (``server.report_request`` over ``ingestwire``) against
+protobuf.
 
 Differential: random updates go through both paths — the compact ``PackedUpdate`` of the
 compiled parser and protobuf's ``CacheStateUpdate`` through the generic path — into two indexes,
@@ -30,8 +31,8 @@ from inferencecache.index import (
     TenantQuota,
     Update,
 )
-from inferencecache.server import wire
-from inferencecache.server.ingest import (
+from inferencecache.server import lookup_wire
+from inferencecache.server.report_request import (
     packed_from_parsed,
     parse_slow,
     parse_update_request,
@@ -157,7 +158,7 @@ def test_compact_and_protobuf_paths_give_the_same_index(
         buf = _serialize(u, rng)
         got = parse_update_request(buf)
         want = parse_slow(buf)
-        assert not isinstance(want, type(wire.UNDECODABLE))
+        assert not isinstance(want, type(lookup_wire.UNDECODABLE))
         assert isinstance(got, PackedUpdate) == (ingestwire.parse_update is not None)
         assert isinstance(got, PackedUpdate | Update) and isinstance(want, Update)
         fast.apply_update(got)
@@ -228,7 +229,7 @@ def test_mutated_bytes_decode_exactly_when_protobuf_decodes(
     data = bytes(buf)
     got = parse_update_request(data)
     want = parse_slow(data)
-    undecodable = type(wire.UNDECODABLE)
+    undecodable = type(lookup_wire.UNDECODABLE)
     assert isinstance(got, undecodable) == isinstance(want, undecodable)
     if isinstance(got, PackedUpdate):
         assert isinstance(want, Update)
@@ -250,8 +251,8 @@ def test_stats_and_unusual_shapes_stay_compiled() -> None:
     # invalid UTF-8, a group, a truncated varint: protobuf decides
     for buf in (b"\x0a\x02\xff\xfe", b"\x33\x34", b"\x32\x03\x10\x80\x80"):
         assert NATIVE.parse_update(buf) is None
-        assert isinstance(parse_update_request(buf), type(wire.UNDECODABLE)) == isinstance(
-            parse_slow(buf), type(wire.UNDECODABLE))
+        assert isinstance(parse_update_request(buf), type(lookup_wire.UNDECODABLE)) == isinstance(
+            parse_slow(buf), type(lookup_wire.UNDECODABLE))
 
 
 @needs_native

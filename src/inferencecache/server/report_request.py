@@ -8,14 +8,14 @@ stores with one ``upsert_many`` call. Protobuf is the only other decoder: whatev
 parser leaves to it (groups, every malformed message; counted in ``accelerators.FALLBACKS``),
 and everything when the extension is not built, goes through ``ParseFromString`` and the generic
 path, so the set of decodable messages and their effect on the index are exactly protobuf's; a
-message protobuf cannot decode becomes ``wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
+message protobuf cannot decode becomes ``lookup_wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
 """
 
 from __future__ import annotations
 
 from inferencecache import accelerators, ingestwire
 from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Stats, Update
-from inferencecache.server import wire
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 
@@ -55,16 +55,16 @@ def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
     )
 
 
-def parse_slow(buf: bytes) -> Update | wire._Undecodable:
+def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
     """Protobuf's decoding: the definition of *decodable*."""
     try:
         msg = pb.CacheStateUpdate.FromString(buf)
     except Exception:  # DecodeError, and whatever else a broken message makes protobuf raise
-        return wire.UNDECODABLE
+        return lookup_wire.UNDECODABLE
     return update_from_message(msg)
 
 
-def parse_update_request(buf: bytes) -> PackedUpdate | Update | wire._Undecodable:
+def parse_update_request(buf: bytes) -> PackedUpdate | Update | lookup_wire._Undecodable:
     """gRPC request deserializer for ReportCacheState: never raises."""
     parse = ingestwire.parse_update
     if parse is not None:
