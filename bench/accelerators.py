@@ -36,7 +36,7 @@ ACCELERATORS = (
     "index._rank",
     "fingerprint._native",
     "server._lookupwire",
-    "ingestwire._native",
+    "updatewire._native",
     "kvevents._native",
 )
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -111,7 +111,7 @@ class Ours:
     def load(self, path: str) -> dict[str, Any]:
         from inferencecache import fingerprint
         from inferencecache.index import Event, EventType, LookupRequest, Prefix, Update
-        from inferencecache.ingestwire import encode_entries, encode_header
+        from inferencecache.updatewire import encode_entries, encode_header
         from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
         with open(path, "rb") as f:

@@ -2,7 +2,7 @@
 handed work back to Python.
 
 Every C accelerator (``fingerprint._native``, ``index._blockmap``, ``index._rank``,
-``ingestwire._native``, ``kvevents._native``, ``server._lookupwire``) is optional at build time.
+``updatewire._native``, ``kvevents._native``, ``server._lookupwire``) is optional at build time.
 Without it the package runs pure Python: a twin with identical results (fingerprint, store,
 ranker, engine arrays) or protobuf itself (the contract's wire parsers). The rules, the same for
 each:

@@ -1,4 +1,4 @@
-"""ReportCacheState's compact parser (``server.report_request`` over ``ingestwire``) against
+"""ReportCacheState's compact parser (``server.report_request`` over ``updatewire``) against
 protobuf.
 
 Differential: random updates go through both paths — the compact ``PackedUpdate`` of the
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferencecache import accelerators, ingestwire
+from inferencecache import accelerators, updatewire
 from inferencecache.index import (
     PROBE_TENANT,
     STORE_BACKENDS,
@@ -40,9 +40,9 @@ from inferencecache.server.report_request import (
 )
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-NATIVE: Any = accelerators.built("inferencecache.ingestwire._native")
+NATIVE: Any = accelerators.built("inferencecache.updatewire._native")
 needs_native = pytest.mark.skipif(NATIVE is None, reason="C accelerator not built")
-ENCODERS: dict[str, Any] = {"protobuf": ingestwire._encode_entries_pb}
+ENCODERS: dict[str, Any] = {"protobuf": updatewire._encode_entries_pb}
 if NATIVE is not None:
     ENCODERS["native"] = NATIVE.encode_entries
 
@@ -159,7 +159,7 @@ def test_compact_and_protobuf_paths_give_the_same_index(
         got = parse_update_request(buf)
         want = parse_slow(buf)
         assert not isinstance(want, type(lookup_wire.UNDECODABLE))
-        assert isinstance(got, PackedUpdate) == (ingestwire.parse_update is not None)
+        assert isinstance(got, PackedUpdate) == (updatewire.parse_update is not None)
         assert isinstance(got, PackedUpdate | Update) and isinstance(want, Update)
         fast.apply_update(got)
         slow.apply_update(want)
@@ -280,12 +280,12 @@ def test_encode_entries_is_what_protobuf_writes(impl: str) -> None:
     for p, t, a, tier in entries:
         ref.prefixes.add(prefix_hash=p, token_count=t, adapter_id=a, tier=tier)
     assert ENCODERS[impl](entries) == ref.SerializeToString()
-    header = ingestwire.encode_header("r", "m", "t", "vllm", -3)
+    header = updatewire.encode_header("r", "m", "t", "vllm", -3)
     whole = pb.CacheStateUpdate(replica_id="r", model_id="m", tenant_id="t", hash_scheme="vllm",
                                 timestamp_us=-3)
     whole.MergeFrom(ref)
     assert header + ENCODERS[impl](entries) == whole.SerializeToString()
-    assert ingestwire.encode_header("", "", "", "", 0) == b""
+    assert updatewire.encode_header("", "", "", "", 0) == b""
     with pytest.raises(TypeError):
         ENCODERS[impl]([("x", 1, "", 1)])
     with pytest.raises(OverflowError):

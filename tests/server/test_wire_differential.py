@@ -6,7 +6,7 @@ known fields under another wire type, all of it inside nested messages too.
 The rule (include/ic_wire.h): a compiled parser answers only for messages protobuf decodes, and
 then means exactly what protobuf reads; for anything else it returns None and protobuf decides.
 Both decoders are checked: LookupRouteRequest (``server._lookupwire``) and CacheStateUpdate
-(``ingestwire._native``, the ReportCacheState request).
+(``updatewire._native``, the ReportCacheState request).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .test_report_request import updates
 from .wirefuzz import requests
 
 LW = accelerators.built("inferencecache.server._lookupwire")
-UW = accelerators.built("inferencecache.ingestwire._native")
+UW = accelerators.built("inferencecache.updatewire._native")
 pytestmark = pytest.mark.skipif(LW is None or UW is None, reason="C accelerators not built")
 
 # Nested message fields: (message, field number) -> the nested message type.

@@ -1,7 +1,7 @@
 /*
  * The protobuf wire format as the reference runtime (upb, what the `protobuf` package runs)
  * reads it, shared by every hand-written C parser and writer of contract messages
- * (server/_lookupwire.c, ingestwire/_native.c) and by the fingerprint's packed-varint decoder.
+ * (server/_lookupwire.c, updatewire/_native.c) and by the fingerprint's packed-varint decoder.
  * Header-only: each extension module gets its own static copy.
  *
  * What upb accepts, and so what these readers accept (tests/server/test_wire_differential.py

@@ -186,7 +186,7 @@ class LegacyRun:
 
 @dataclass(slots=True)
 class PackedUpdate:
-    """A CacheStateUpdate in the compact form of the server's wire parser (``ingestwire``).
+    """A CacheStateUpdate in the compact form of the server's wire parser (``updatewire``).
 
     ``entries`` holds the ``PrefixEntry`` list in wire order, runs of legacy entries as
     ``LegacyRun`` and any other entry as a ``PrefixLike``. Everything else is as in ``Update``.

@@ -2,7 +2,7 @@
 
 Why: Python protobuf materialises every ``PrefixEntry`` as an object and the index then reads
 six attributes of each (~2-3 µs per entry), while the subscriber sends one legacy entry per
-engine block, thousands per update. The compiled ``ingestwire.parse_update`` turns a run of
+engine block, thousands per update. The compiled ``updatewire.parse_update`` turns a run of
 legacy entries into one packed ``bytes`` of hashes plus a list of token counts, which the index
 stores with one ``upsert_many`` call. Protobuf is the only other decoder: whatever the compiled
 parser leaves to it (groups, every malformed message; counted in ``accelerators.FALLBACKS``),
@@ -13,7 +13,7 @@ message protobuf cannot decode becomes ``lookup_wire.UNDECODABLE`` (``INVALID_AR
 
 from __future__ import annotations
 
-from inferencecache import accelerators, ingestwire
+from inferencecache import accelerators, updatewire
 from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Stats, Update
 from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -33,8 +33,8 @@ def update_from_message(msg: pb.CacheStateUpdate) -> Update:
     )
 
 
-def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
-    """``ingestwire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
+def packed_from_parsed(parsed: updatewire.Parsed) -> PackedUpdate:
+    """``updatewire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
     replica, model, tenant, scheme, ts, adapter, items, stats = parsed
     entries: list[LegacyRun | PrefixLike] = []
     for it in items:
@@ -66,7 +66,7 @@ def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
 
 def parse_update_request(buf: bytes) -> PackedUpdate | Update | lookup_wire._Undecodable:
     """gRPC request deserializer for ReportCacheState: never raises."""
-    parse = ingestwire.parse_update
+    parse = updatewire.parse_update
     if parse is not None:
         try:
             parsed = parse(buf)

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from inferencecache.ingestwire import Entry, Parsed
+from inferencecache.updatewire import Entry, Parsed
 
 def parse_update(buf: bytes, /) -> Parsed | None: ...
 def encode_entries(entries: Sequence[Entry], /) -> bytes: ...

@@ -61,7 +61,7 @@ def _encode_entries_pb(entries: Sequence[Entry], /) -> bytes:
 IMPLEMENTATION: Literal["native", "python"]
 parse_update: Callable[[bytes], Parsed | None] | None
 encode_entries: Callable[[Sequence[Entry]], bytes]
-_native = accelerators.load("inferencecache.ingestwire._native")
+_native = accelerators.load("inferencecache.updatewire._native")
 if _native is not None:
     parse_update = _native.parse_update
     encode_entries = _native.encode_entries

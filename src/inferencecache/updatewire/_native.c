@@ -1,4 +1,4 @@
-/* inferencecache.ingestwire._native: the contract's CacheStateUpdate in compact form.
+/* inferencecache.updatewire._native: the contract's CacheStateUpdate in compact form.
  *
  * parse_update(buf)      -> (replica, model, tenant, scheme, ts, adapter, entries, stats) or None
  * encode_entries(tuples) -> bytes of the `prefixes` field (6), as protobuf writes it
@@ -449,8 +449,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "inferencecache.ingestwire._native",
-    "CacheStateUpdate in compact form (see ingestwire/__init__.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "inferencecache.updatewire._native",
+    "CacheStateUpdate in compact form (see updatewire/__init__.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
