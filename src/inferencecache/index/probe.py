@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inferencecache.index.facade import Index
-from inferencecache.index.lookup import orchestrate
 from inferencecache.index.model import PROBE_TENANT, Event, EventType, Prefix, Reason, Stats, Update
+from inferencecache.index.orchestrate import orchestrate
 from inferencecache.index.ranking import Rankers, RankSettings
 from inferencecache.index.state import IndexState
 

@@ -13,6 +13,7 @@ import logging
 from inferencecache.index.backends import store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
+from inferencecache.index.lookup_route import PromptTokenizer, Router
 from inferencecache.index.model import (
     CacheState,
     EventLike,
@@ -23,7 +24,6 @@ from inferencecache.index.model import (
 )
 from inferencecache.index.policy import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.index.probe import Prober, ProbeRequestError
-from inferencecache.index.route import PromptTokenizer, Router
 from inferencecache.index.settings import IndexSettings
 from inferencecache.server.metrics import PrometheusIndexMetrics, ServerMetrics
 from inferencecache.server.settings import ServeSettings

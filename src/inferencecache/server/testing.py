@@ -15,8 +15,8 @@ import grpc
 
 from inferencecache.config import HostPort
 from inferencecache.index.clock import Clock
+from inferencecache.index.lookup_route import PromptTokenizer
 from inferencecache.index.policy import IndexConfig
-from inferencecache.index.route import PromptTokenizer
 from inferencecache.index.settings import IndexSettings
 from inferencecache.server.app import Listeners, Server
 from inferencecache.server.auth import BearerAuth

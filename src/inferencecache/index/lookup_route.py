@@ -19,8 +19,6 @@ from inferencecache import accelerators, fingerprint
 from inferencecache.index.apply import wrap32
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.facade import Index
-from inferencecache.index.lookup import credit as lfu_credit
-from inferencecache.index.lookup import orchestrate
 from inferencecache.index.model import (
     MAX_TOKENS,
     PROBE_TENANT,
@@ -29,6 +27,8 @@ from inferencecache.index.model import (
     Reason,
     ReplicaScore,
 )
+from inferencecache.index.orchestrate import credit as lfu_credit
+from inferencecache.index.orchestrate import orchestrate
 from inferencecache.index.policy import EffectivePolicy
 from inferencecache.index.ranking import RankerCache, Rankers, affinity_pick, chain_seed
 from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS
