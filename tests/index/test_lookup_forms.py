@@ -25,8 +25,8 @@ from inferencecache.index import (
     TenantPolicy,
     Update,
 )
-from inferencecache.index.policy import Strategy
 from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import Strategy
 from tests.index.test_properties import KEYS, NOW, UPDATE
 
 POLICY = st.builds(

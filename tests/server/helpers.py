@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from inferencecache import fingerprint
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 TENANT = "t"

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from inferencecache import fingerprint, varint
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.tokenize import load_tokenizer_dir

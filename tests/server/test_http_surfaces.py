@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.server.metrics import LATENCY_BUCKETS
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb

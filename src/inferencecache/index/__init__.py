@@ -32,7 +32,11 @@ from inferencecache.index.model import (
     Update,
     UpdateLike,
 )
-from inferencecache.index.policy import (
+from inferencecache.index.probe import Prober, ProbeRequestError, decode_probe_body
+from inferencecache.index.settings import IndexSettings
+from inferencecache.index.snapshot import rfc3339_us
+from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import (
     EffectivePolicy,
     IndexConfig,
     PolicyDecodeError,
@@ -44,10 +48,6 @@ from inferencecache.index.policy import (
     load_policy_file,
     parse_policy_document,
 )
-from inferencecache.index.probe import Prober, ProbeRequestError, decode_probe_body
-from inferencecache.index.settings import IndexSettings
-from inferencecache.index.snapshot import rfc3339_us
-from inferencecache.index.store import PartitionStore
 
 __all__ = [
     "MAX_TOKENS",

@@ -16,10 +16,10 @@ from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
 from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
-from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTable
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState
 from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import EffectivePolicy, IndexConfig, PolicyTable
 
 _Ts = TypeVarTuple("_Ts")
 _T = TypeVar("_T")

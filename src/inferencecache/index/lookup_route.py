@@ -29,10 +29,10 @@ from inferencecache.index.model import (
 )
 from inferencecache.index.orchestrate import credit as lfu_credit
 from inferencecache.index.orchestrate import orchestrate
-from inferencecache.index.policy import EffectivePolicy
 from inferencecache.index.ranking import RankerCache, Rankers, affinity_pick, chain_seed
 from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS
 from inferencecache.index.state import IndexState
+from inferencecache.index.tenant_config import EffectivePolicy
 
 
 class PromptTokenizer(Protocol):

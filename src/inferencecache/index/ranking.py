@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, TypeAlias
 from inferencecache import accelerators
 from inferencecache.index.apply import f32, report_tier
 from inferencecache.index.model import Reason, ReplicaScore
-from inferencecache.index.policy import EffectivePolicy
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState, StatsRow
+from inferencecache.index.tenant_config import EffectivePolicy
 
 if TYPE_CHECKING:
     from inferencecache.index import _rank

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from inferencecache.index.keys import IdPool, Interner
 from inferencecache.index.metrics import IndexMetrics
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import PolicyTable
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.store import PartitionOps, PartitionStore
+from inferencecache.index.tenant_config import PolicyTable
 
 if TYPE_CHECKING:
     from inferencecache.index.eviction import CapPool

@@ -22,9 +22,9 @@ from inferencecache.index.model import (
     PackedUpdate,
     Update,
 )
-from inferencecache.index.policy import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.index.probe import Prober, ProbeRequestError
 from inferencecache.index.settings import IndexSettings
+from inferencecache.index.tenant_config import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.server.metrics import PrometheusIndexMetrics, ServerMetrics
 from inferencecache.server.settings import ServeSettings
 

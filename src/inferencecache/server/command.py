@@ -35,7 +35,7 @@ def serve(settings: ServeSettings) -> int:
     # No *_created series on /metrics (process-wide switch; this process is the server).
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     # Imports after flag parsing keep `serve --help` and flag errors fast.
-    from inferencecache.index.policy import IndexConfig, PolicyError, load_policy_file
+    from inferencecache.index.tenant_config import IndexConfig, PolicyError, load_policy_file
     from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
         AuthConfigError,

@@ -19,7 +19,7 @@ from inferencecache.index import (
     load_policy_file,
     parse_policy_document,
 )
-from inferencecache.index.policy import MAX_POLICY_BODY, PolicyTable
+from inferencecache.index.tenant_config import MAX_POLICY_BODY, PolicyTable
 
 EXAMPLE_YAML = """\
 policies:
