@@ -273,7 +273,7 @@ def _median_call_us(fn: Any, reps: int) -> float:
 
 def parser_figures(bodies: dict[str, bytes], quick: bool) -> dict[str, float]:
     """The server's wire parser against protobuf (parse + materialise what the index needs)."""
-    from inferencecache.server import wire
+    from inferencecache.server import lookup_wire
 
     reps = 20 if quick else 100
     out: dict[str, float] = {}
@@ -281,10 +281,10 @@ def parser_figures(bodies: dict[str, bytes], quick: bool) -> dict[str, float]:
         body = bodies[shape]
 
         def proto(body: bytes = body) -> object:
-            return wire.from_message(pb.LookupRouteRequest.FromString(body))
+            return lookup_wire.from_message(pb.LookupRouteRequest.FromString(body))
 
         def fast(body: bytes = body) -> object:
-            return wire.parse_lookup_request(body)
+            return lookup_wire.parse_lookup_request(body)
 
         out[f"grpc_lookup_parse_{shape}_us"] = _median_call_us(fast, reps)
         out[f"grpc_lookup_parse_{shape}_protobuf_us"] = _median_call_us(proto, reps)

@@ -11,7 +11,7 @@ What each side does with the same events (an *event* = one batch of one worker s
 - **ours** — what the server does per message, from the message's wire bytes: a stored batch
   is the ``CacheStateUpdate`` the subscriber sends (one legacy ``PrefixEntry`` per block:
   fingerprint + cumulative tokens, T1), parsed by the server's ReportCacheState deserializer
-  (``server.ingest.parse_update_request``: C, one ``LegacyRun``) and applied with
+  (``server.report_request.parse_update_request``: C, one ``LegacyRun``) and applied with
   ``Index.apply_update``; a removed batch is one batched ``PREFIX_EVICTED`` ``CacheEvent``
   (``prefix_hash`` + ``prefix_hashes``, what ``subscribe --batch-evictions`` sends), parsed with
   protobuf (the server's PublishEvent deserializer) and applied with ``Index.apply_event``; a
@@ -81,10 +81,10 @@ class Ours:
     """The index side of the line protocol (commands as in ``bench/peer_dynamo.py``)."""
 
     def __init__(self, store: str) -> None:
-        from inferencecache.index import STORE_BACKENDS, default_store_factory
+        from inferencecache.index.backends import store_factory
 
         self.store_name = store
-        self.factory = STORE_BACKENDS[store] if store != "default" else default_store_factory()
+        self.factory = store_factory(None if store == "default" else store)
         self.calls: list[tuple[int, Any]] = []
         self.chain_calls: list[tuple[int, Any]] = []
         self.wire_calls: list[tuple[int, Any]] = []
@@ -111,7 +111,7 @@ class Ours:
     def load(self, path: str) -> dict[str, Any]:
         from inferencecache import fingerprint
         from inferencecache.index import Event, EventType, LookupRequest, Prefix, Update
-        from inferencecache.ingestwire import encode_entries, encode_header
+        from inferencecache.updatewire import encode_entries, encode_header
         from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
         with open(path, "rb") as f:
@@ -183,7 +183,7 @@ class Ours:
         return {"events": len(calls), "queries": len(self.requests), "store": store}
 
     def _apply(self, index: Any, calls: list[tuple[int, Any]]) -> None:
-        from inferencecache.server.ingest import parse_update_request
+        from inferencecache.server.report_request import parse_update_request
         from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
         au = index.apply_update
@@ -233,7 +233,7 @@ class Ours:
             res.append(r)
         # the matching step alone: the partition store's walk
         index = self.index
-        part = index._state.parts.get((TENANT, MODEL, SCHEME, ""))
+        part = index.run_locked(lambda st: st.parts.get((TENANT, MODEL, SCHEME, "")))
         raw: list[int] = []
         if part is not None:
             walk = part.store.walk
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny, correctness only")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-peer", action="store_true", help="our side and the oracle only")
-    ap.add_argument("--store", default="default", help="index store backend (default, memstore, "
-                    "nativestore)")
+    ap.add_argument("--store", default="default", help="index store backend (default, native, "
+                    "python)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

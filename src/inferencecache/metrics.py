@@ -4,15 +4,40 @@
 call, a cached child's ``inc()`` a fraction of that. ``metrics_response`` is every ``/metrics``
 page (server, gateway, subscriber, fake and simulated engines); ``publish_info`` the
 ``<component>_info`` series that ``inferencecache doctor`` and the dashboard read.
+``FallbackCollector`` exports ``accelerators.FALLBACKS``: the calls compiled code handed back
+to Python.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from inferencecache import accelerators
+
+
+class FallbackCollector(Collector):
+    """``<name>_total{site}``: calls a compiled accelerator declined so Python did the work
+    (read from ``accelerators.FALLBACKS`` at each scrape; every site known so far appears)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            self._name,
+            "Calls compiled code handed back to Python (an input it does not mirror exactly), "
+            "by site.",
+            labels=["site"],
+        )
+        for site, n in sorted(accelerators.FALLBACKS.items()):
+            family.add_metric([site], n)
+        yield family
 
 
 class LazyChildren:

@@ -32,7 +32,7 @@ from inferencecache.logs import python_level
 from inferencecache.procs import run_cli
 from inferencecache.server.settings import ServeSettings
 from inferencecache.sim import cluster
-from inferencecache.sim.command import DEMO_WORKLOADS, DemoSettings, SimulateSettings
+from inferencecache.sim.settings import DEMO_WORKLOADS, DemoSettings, SimulateSettings
 from inferencecache.sim.workloads import WORKLOADS
 from inferencecache.subscriber.settings import SubscribeSettings
 

@@ -1,7 +1,8 @@
 """The committed contract: stubs regenerate byte-identically; the descriptor equals the spec.
 
-The expected tables below are typed in from contract-and-index.md §2.2-§2.4, independently of
-the ``.proto`` and the generated code, so a drift in either is caught (contract §10 item 1).
+The expected tables below are typed in from contract-and-index.md §2.2-§2.4, independently of the
+``.proto`` and the generated code, so a drift in either is caught (contract-and-index.md §10 item
+1).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ GENERATED = ("inferencecache_pb2.py", "inferencecache_pb2.pyi", "inferencecache_
 PACKAGE = "inferencecache.v1alpha1"
 SERVICE = "InferenceCache"
 
-# §2.2: name -> (input, output, client streaming, server streaming)
+# contract-and-index.md §2.2: name -> (input, output, client streaming, server streaming)
 RPCS = {
     "RenderTemplate": ("RenderTemplateRequest", "RenderTemplateResponse", False, False),
     "LookupRoute": ("LookupRouteRequest", "LookupRouteResponse", False, False),
@@ -38,7 +39,7 @@ RPCS = {
     "StreamMetrics": ("StreamMetricsRequest", "Metric", False, True),
 }
 
-# §2.3: message -> [(number, name, type)], type as written in the spec table.
+# contract-and-index.md §2.3: message -> [(number, name, type)], type as written in the spec table.
 MESSAGES: dict[str, list[tuple[int, str, str]]] = {
     "RenderTemplateRequest": [
         (1, "template_ref", "string"),
@@ -157,7 +158,7 @@ ADDITIVE: dict[str, list[tuple[int, str, str]]] = {
     "CacheEvent": [(8, "prefix_hashes", "repeated bytes")],
 }
 
-# §2.4
+# contract-and-index.md §2.4
 ENUMS = {
     "CacheTier": [
         ("CACHE_TIER_UNSPECIFIED", 0),
@@ -270,7 +271,7 @@ def test_c10_01_every_message_field() -> None:
 
 
 def test_c10_01_repeated_numerics_are_packed() -> None:
-    """§2.3: repeated numerics use proto3's default packed encoding."""
+    """contract-and-index.md §2.3: repeated numerics use proto3's default packed encoding."""
     req = pb.LookupRouteRequest(block_token_counts=[16, 16], token_ids=[1, 2, 3])
     wire = req.SerializeToString()
     assert b"\x42\x02\x10\x10" in wire  # field 8, wire type 2, 2 bytes
@@ -297,7 +298,8 @@ def test_c10_01_only_the_spec_enums_exist() -> None:
 
 
 def test_additive_fields_only_extend_their_messages() -> None:
-    """An additive field never reuses or renumbers a spec field (contract §2.1: additive)."""
+    """An additive field never reuses or renumbers a spec field (contract-and-index.md §2.1:
+    additive)."""
     for name, extra in ADDITIVE.items():
         spec_numbers = {n for n, _, _ in MESSAGES[name]}
         spec_names = {f for _, f, _ in MESSAGES[name]}

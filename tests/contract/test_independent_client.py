@@ -1,6 +1,6 @@
 """An independent client: its own copy of the ``.proto``, compiled under another import root into
 a throwaway package, drives all 8 RPCs of the real server from a separate process
-(contract §10 items 2-5; issue "Done when": any v1alpha1 client works unchanged).
+(contract-and-index.md §10 items 2-5; issue "Done when": any v1alpha1 client works unchanged).
 
 The copy registers a different file name (``thirdparty/ic_contract.proto``) with the same package,
 so it cannot share a process with our generated stubs; the client runs in a subprocess that never

@@ -1,5 +1,6 @@
 """Fake engine process → subscriber process → the real ``inferencecache serve`` process, checked
-through ``LookupRoute`` (subscriber spec §3.1, §3.2, §3.7, §5; the issue's end-to-end list).
+through ``LookupRoute`` (engine-events-and-subscriber.md §3.1, §3.2, §3.7, §5; the issue's
+end-to-end list).
 
 Every process is started with ports chosen at run time and stopped by its own PID in the
 fixture's teardown, even when a test fails. Prompts are several blocks long (above the server's

@@ -1,5 +1,5 @@
 """``inferencecache fake-engine`` as a process: flags, the fixed batch, scripts, replay, metrics
-(subscriber spec §11, §13 item 73)."""
+(engine-events-and-subscriber.md §11, §13 item 73)."""
 
 from __future__ import annotations
 

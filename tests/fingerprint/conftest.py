@@ -33,7 +33,8 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
 
 
 def oracle(tokens: list[int], block_size: int, parent: int | None = None) -> list[int]:
-    """Spec §8.1 written out literally, one block at a time (slow, obviously right)."""
+    """contract-and-index.md §8.1 written out literally, one block at a time (slow, obviously
+    right)."""
     out: list[int] = []
     if block_size <= 0:
         return out

@@ -1,4 +1,5 @@
-"""Spec §8.2 golden vectors and §10 item 87, for both implementations and the public API."""
+"""contract-and-index.md §8.2 golden vectors and §10 item 87, for both implementations and the
+public API."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ TTL = 30 * MIN
 TEST_POLICY = TenantPolicy(
     minimum_matched_tokens=0, routing_floor_score=0.0, affinity_routing=False
 )
-"""§10's default test policy: G1 and G2 off, affinity off."""
+"""contract-and-index.md §10's default test policy: G1 and G2 off, affinity off."""
 
 
 def h(i: int, tag: int = 0xAB) -> bytes:

@@ -1,5 +1,5 @@
-"""GetCacheState, the gauge, /snapshot content, config swaps: contract §10 items 83-89 (index
-side; the HTTP status codes of 85/86/88 are the server's)."""
+"""GetCacheState, the gauge, /snapshot content, config swaps: contract-and-index.md §10 items 83-89
+(index side; the HTTP status codes of 85/86/88 are the server's)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_c10_85_snapshot_totals_and_probe_exclusion(env: Env) -> None:
     env.chain("r1", [h(1), h(2)], entry_adapter="a")
     env.chain("r2", [h(1)], tenant_id="u")
     env.legacy("r3", h(1), 64, tenant_id="")
-    env.index._apply_update(
+    env.index.apply_update(
         Update(
             replica_id="__probe-x",
             tenant_id=PROBE_TENANT,
@@ -229,8 +229,8 @@ def test_rfc3339_like_go(us: int, text: str) -> None:
 
 
 def test_c10_87_golden_vectors_through_the_pipeline(make_env: Callable[..., Env]) -> None:
-    """Index side of item 87: token_ids fingerprint to the §8.2 bytes, partial tails never
-    change a result, sub-block input yields nothing."""
+    """Index side of item 87: token_ids fingerprint to the contract-and-index.md §8.2 bytes, partial
+    tails never change a result, sub-block input yields nothing."""
     env = make_env()
     b1 = (16863443419780771464).to_bytes(8, "big")
     b2 = (12466389667045779788).to_bytes(8, "big")

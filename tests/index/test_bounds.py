@@ -1,4 +1,4 @@
-"""int32 wrap (contract §10 item 90) and this project's ingest/lookup bounds (§4.2)."""
+"""int32 wrap (contract-and-index.md §10 item 90) and this project's ingest/lookup bounds (§4.2)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The pool computes many victims per scan and reuses them across ingests; this drives random
 ingests (old and new timestamps, refreshes, two algorithms), LFU credits, removals and sweeps
 through an index with a large pool and through one that rescans for every eviction, and demands
-identical holds after every step (contract §6.3, items 77-79).
+identical holds after every step (contract-and-index.md §6.3, items 77-79).
 """
 
 from __future__ import annotations

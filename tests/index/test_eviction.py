@@ -1,4 +1,4 @@
-"""TTL sweep, global cap, tenant quotas: contract §10 items 76-82."""
+"""TTL sweep, global cap, tenant quotas: contract-and-index.md §10 items 76-82."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_c10_79_probe_holds_and_quota_edges(make_env: Callable[..., Env]) -> Non
         timestamp_us=1,  # very old: would be the first cap victim
         prefixes=[Prefix(prefix_hash=h(i), token_count=16) for i in range(5)],
     )
-    env.index._apply_update(probe, allow_probe=True)
+    env.index.apply_update(probe, allow_probe=True)
     env.legacy("r1", h(1), 64, age=2)
     env.legacy("r1", h(2), 64, age=1)
     assert env.metrics.evictions == {}

@@ -1,4 +1,4 @@
-"""TENANT_HOT, the miss classifier and AFFINITY_HINT: contract §10 items 47-58."""
+"""TENANT_HOT, the miss classifier and AFFINITY_HINT: contract-and-index.md §10 items 47-58."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_c10_56_novel_prefix_affinity(env: Env) -> None:
 
 
 def test_c10_57_affinity_seeds(env: Env) -> None:
-    # §8.3 self-check of the seed arithmetic itself
+    # contract-and-index.md §8.3 self-check of the seed arithmetic itself
     seed = b"\x00\x00\x00\x08" + B1
     assert seed.hex() == "00000008ea06fc71a5ee6e88"
     head = hashlib.sha256(seed).digest()[:8]

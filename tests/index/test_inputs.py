@@ -1,5 +1,5 @@
-"""Gates and dual input: contract §10 items 59-69 (step 7, G0, require_chain, chain matching
-off, token_ids, prompt_text, block size)."""
+"""Gates and dual input: contract-and-index.md §10 items 59-69 (step 7, G0, require_chain, chain
+matching off, token_ids, prompt_text, block size)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The same LookupRoute request in every input form gives the same answer and the same LFU
-credit: block hashes as a list or packed ``bytes``, counts as a list, one-byte ``bytes`` (the
-server's wire form) or ``array('i')``. The packed form under a plain policy takes
-``Router.lookup``'s chain fast path; the list form goes through §5.1 steps 2-8 in full, so this
-pins the fast path to the general one (every backend, compiled ranker or twin as configured).
+"""The same LookupRoute request in every input form gives the same answer and the same LFU credit:
+block hashes as a list or packed ``bytes``, counts as a list, one-byte ``bytes`` (the server's wire
+form) or ``array('i')``. The packed form under a plain policy takes ``Router.lookup``'s chain fast
+path; the list form goes through contract-and-index.md §5.1 steps 2-8 in full, so this pins the fast
+path to the general one (every backend, compiled ranker or twin as configured).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from inferencecache.index import (
     TenantPolicy,
     Update,
 )
-from inferencecache.index.policy import Strategy
 from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import Strategy
 from tests.index.test_properties import KEYS, NOW, UPDATE
 
 POLICY = st.builds(

@@ -1,4 +1,4 @@
-"""Matching and scoring: contract §10 items 26-46."""
+"""Matching and scoring: contract-and-index.md §10 items 26-46."""
 
 from __future__ import annotations
 

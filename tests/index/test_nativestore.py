@@ -17,7 +17,7 @@ import pytest
 from inferencecache import accelerators
 from inferencecache.index import store as store_mod
 from inferencecache.index.memstore import MemStore
-from inferencecache.index.store import Hold, PartitionStore, Run
+from inferencecache.index.store import Hold, PartitionOps, PartitionStore, Run
 
 from ._native import BLOCKMAP
 
@@ -36,8 +36,8 @@ def k8(i: int) -> bytes:
     return struct.pack("<Q", i)
 
 
-def both() -> tuple[Any, MemStore]:
-    return new(), MemStore()
+def both() -> tuple[Any, PartitionOps]:
+    return new(), PartitionOps(MemStore())
 
 
 def holds_of(s: PartitionStore) -> list[Hold]:
@@ -52,7 +52,7 @@ def same(a: PartitionStore, b: PartitionStore) -> None:
     assert holds_of(a) == holds_of(b)
     assert a.key_count() == b.key_count()
     assert a.hold_count() == b.hold_count()
-    assert a.replica_summary() == b.replica_summary()
+    assert PartitionOps(a).replica_summary() == PartitionOps(b).replica_summary()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ def test_access_counts_grow_and_survive_refresh() -> None:
 
 
 def test_spec_worked_example_runs() -> None:
-    """Contract §5.5 worked example: A holds h1-h3, B h1-h2, C h1."""
+    """contract-and-index.md §5.5 worked example: A holds h1-h3, B h1-h2, C h1."""
     m, ref = both()
     h = [k8(0xA000 + i) for i in range(4)]
     minute = 60_000_000

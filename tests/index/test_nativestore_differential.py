@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from inferencecache.index.memstore import MemStore
+from inferencecache.index.store import PartitionOps
 
 from ._native import BLOCKMAP
 
@@ -51,7 +52,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         assert BLOCKMAP is not None
         self.native: Any = BLOCKMAP.BlockMap()
-        self.ref = MemStore()
+        self.ref = PartitionOps(MemStore())
 
     @initialize(
         chains=st.lists(
@@ -173,7 +174,7 @@ class BulkMachine(RuleBasedStateMachine):
         super().__init__()
         assert BLOCKMAP is not None
         self.native: Any = BLOCKMAP.BlockMap()
-        self.ref = MemStore()
+        self.ref = PartitionOps(MemStore())
 
     @rule(
         start=st.integers(0, 3000),
@@ -239,7 +240,7 @@ class EvictionMachine(RuleBasedStateMachine):
         super().__init__()
         assert BLOCKMAP is not None
         self.native: Any = BLOCKMAP.BlockMap()
-        self.ref = MemStore()
+        self.ref = PartitionOps(MemStore())
         self.now = 100
 
     @initialize(tune=st.sampled_from([(1, 1), (3, 2), (8, 4), (16384, 16)]), n=st.integers(1, 300))

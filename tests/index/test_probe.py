@@ -1,4 +1,5 @@
-"""The /probe self-test (contract §9.5), index side: body validation, stages, cleanup."""
+"""The /probe self-test (contract-and-index.md §9.5), index side: body validation, stages,
+cleanup."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def test_probe_hash_formula() -> None:
 
 
 def test_probe_keys_count_for_cold_start_only_while_present(env: Env) -> None:
-    """Probe-tenant keys are real keys for the §5.7 cold-start check while they exist."""
+    """Probe-tenant keys are real keys for the contract-and-index.md §5.7 cold-start check while
+    they exist."""
     env.policy(affinity_routing=True)
     prober = Prober(env.index)
     seen: list[str] = []

@@ -219,7 +219,7 @@ def test_property_c_order_of_independent_updates(
 
 
 class IndexMachine(RuleBasedStateMachine):
-    FACTORY: Factory = STORE_BACKENDS["memstore"]
+    FACTORY: Factory = STORE_BACKENDS["python"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -315,7 +315,7 @@ for _name, _factory in STORE_BACKENDS.items():
 
 def test_every_reason_is_reachable_in_the_domain() -> None:
     """Guard for the generators above: they can produce the interesting reason codes."""
-    index, router, _ = _index(STORE_BACKENDS["memstore"])
+    index, router, _ = _index(STORE_BACKENDS["python"])
     index.apply_update(
         Update(
             replica_id="r0",

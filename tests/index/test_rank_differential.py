@@ -1,12 +1,12 @@
-"""Differential tests of the compiled scoring step (``_rank.Ranker``, ``_rank.Record``,
-``BlockMap.walk_ranked``, packed walk counts) against the pure-Python twins.
+"""Differential tests of the compiled scoring step (``_rank.Ranker``, ``BlockMap.walk_ranked``,
+packed walk counts) against the pure-Python reference (``ranking.PyRanker``).
 
-The compiled ranker may decline an input (None: the caller runs the twin); whenever it answers,
-the answer must be the twin's to the bit: same rows, same order, same float32 scores (sign of
-zero included), same G1 cut and LFU credit list. The strategies aim at the edges of contract
-§5.4: ties broken by replica name, token sums <= 0, freshness at 0/1 and on the TTL, float32
-rounding of large counts, stats rows on the freshness boundary, SLO bias, DP with 0/1/n
-replicas in scope, and floors exactly hit.
+The compiled ranker may decline an input (None: the caller runs the twin); whenever it answers, the
+answer must be the twin's to the bit: same rows, same order, same float32 scores (sign of zero
+included), same G1 cut and LFU credit list. The strategies aim at the edges of contract
+contract-and-index.md §5.4: ties broken by replica name, token sums <= 0, freshness at 0/1 and on
+the TTL, float32 rounding of large counts, stats rows on the freshness boundary, SLO bias, DP with
+0/1/n replicas in scope, and floors exactly hit.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferencecache.index.ingest import f32
+from inferencecache.index.apply import f32
 from inferencecache.index.memstore import MemStore
-from inferencecache.index.model import LookupResult, ReplicaScore
-from inferencecache.index.ranking import PyRanker
+from inferencecache.index.model import ReplicaScore
+from inferencecache.index.ranking import PyRanker, RankSettings
 from inferencecache.index.state import StatsRow
-from inferencecache.index.store import Run
+from inferencecache.index.store import PartitionOps, Run
 
 from ._native import BLOCKMAP, RANK
 
@@ -107,11 +107,33 @@ def cases(draw: st.DrawFn, chain: bool | None = None, ordinary: bool = False) ->
     }
 
 
-def args_of(c: dict[str, Any]) -> tuple[Any, ...]:
-    return (
-        c["names"], c["now"], c["ttl"], c["total"], c["stats"], c["weight"], c["slo"],
-        c["min_matched"], c["credit"],
-    )  # fmt: skip
+TIGHT = 200
+
+
+def settings_of(c: dict[str, Any]) -> RankSettings:
+    return RankSettings(ttl_us=c["ttl"], pressure_weight=c["weight"], slo_tight_ttft_ms=TIGHT,
+                        slo_bias=c["slo"], min_matched=c["min_matched"], credit=c["credit"])
+
+
+def bind_args(c: dict[str, Any]) -> tuple[Any, ...]:
+    """(now_us, total, stats, ttft_ms): a tight TTFT whenever the case has an SLO bias."""
+    return c["now"], c["total"], c["stats"], TIGHT // 2 if c["slo"] else 0
+
+
+def py_ranker(c: dict[str, Any]) -> Any:
+    return PyRanker(c["names"], settings_of(c)).bind(*bind_args(c))
+
+
+def compiled(c: dict[str, Any]) -> Any:
+    assert RANK is not None
+    return RANK.Ranker(c["names"], settings_of(c)).bind(*bind_args(c))
+
+
+def case(names: Any, **kw: Any) -> dict[str, Any]:
+    c = {"names": names, "now": NOW, "ttl": TTL, "total": 1, "stats": None, "weight": 1.0,
+         "slo": 0.0, "min_matched": 0, "credit": False}  # fmt: skip
+    c.update(kw)
+    return c
 
 
 def bits(x: float) -> bytes:
@@ -133,24 +155,18 @@ def same(got: Any, want: Any) -> None:
     assert got[2] == want[2]
 
 
-def twin_or_error(rows: Any, chain: bool, args: tuple[Any, ...]) -> Any:
+def twin_or_error(rows: Any, c: dict[str, Any]) -> Any:
     try:
-        return PyRanker(ReplicaScore).rank(rows, chain, *args)
+        return py_ranker(c).rank(rows, c["chain"])
     except Exception as e:
         return e
-
-
-def compiled() -> Any:
-    assert RANK is not None
-    return RANK.Ranker(ReplicaScore)
 
 
 @settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_compiled_ranker_equals_twin(c: dict[str, Any]) -> None:
-    args = args_of(c)
-    want = twin_or_error(c["rows"], c["chain"], args)
-    got = compiled().rank(list(c["rows"]), c["chain"], *args)
+    want = twin_or_error(c["rows"], c)
+    got = compiled(c).rank(list(c["rows"]), c["chain"])
     if got is None:  # declined: the caller runs the twin
         return
     assert not isinstance(want, Exception), want
@@ -161,84 +177,80 @@ def test_compiled_ranker_equals_twin(c: dict[str, Any]) -> None:
 @given(cases(ordinary=True))
 def test_compiled_ranker_answers_ordinary_inputs(c: dict[str, Any]) -> None:
     """Declining is only for what it does not mirror (NaN, huge values, unknown ids)."""
-    got = compiled().rank(list(c["rows"]), c["chain"], *args_of(c))
+    got = compiled(c).rank(list(c["rows"]), c["chain"])
     assert got is not None
-    same(got, PyRanker(ReplicaScore).rank(c["rows"], c["chain"], *args_of(c)))
+    same(got, py_ranker(c).rank(c["rows"], c["chain"]))
 
 
 def test_ties_break_by_replica_name_and_keep_input_order() -> None:
-    names = ["b", "a", "c", None, ""]
+    c = case(["b", "a", "c", None, ""], credit=True)
     rows = [Run(i, 64, NOW, 1, 4) for i in range(5)]
-    args = (names, NOW, TTL, 1, None, 1.0, 0.0, 0, True)
-    got = compiled().rank(rows, True, *args)
-    same(got, PyRanker(ReplicaScore).rank(rows, True, *args))
+    got = compiled(c).rank(rows, True)
+    same(got, py_ranker(c).rank(rows, True))
     assert [s.replica_id for s in got[1]] == ["", "", "a", "b", "c"]
     assert got[2] == [(3, 4), (4, 4), (1, 4), (0, 4), (2, 4)]
 
 
 def test_dp_freshness_pressure_and_g1_worked_example() -> None:
-    """§5.5's worked example: 192 x 29/30 x 2/3, 128 x 28/30 x 1/3, 64 x 26/30 x 0."""
-    names = ["A", "B", "C"]
+    """contract-and-index.md §5.5's worked example: 192 x 29/30 x 2/3, 128 x 28/30 x 1/3, 64 x 26/30
+    x 0."""
     minute = 60_000_000
     rows = [
         Run(0, 192, NOW - minute, 1, 3),
         Run(1, 128, NOW - 2 * minute, 1, 2),
         Run(2, 64, NOW - 4 * minute, 1, 1),
     ]
-    args = (names, NOW, TTL, 3, None, 1.0, 0.0, 64, False)
-    got = compiled().rank(rows, True, *args)
-    same(got, PyRanker(ReplicaScore).rank(rows, True, *args))
+    c = case(["A", "B", "C"], total=3, min_matched=64)
+    got = compiled(c).rank(rows, True)
+    same(got, py_ranker(c).rank(rows, True))
     assert [s.replica_id for s in got[1]] == ["A", "B", "C"]
     assert [round(s.score, 2) for s in got[1]] == [123.73, 39.82, 0.0]
-    got = compiled().rank(rows, True, *args[:7], 128, False)
+    got = compiled(case(["A", "B", "C"], total=3, min_matched=128)).rank(rows, True)
     assert got[0] == 3 and [s.replica_id for s in got[1]] == ["A", "B"]
+
+
+def test_slo_bias_applies_only_to_tight_requests() -> None:
+    rows = [Run(0, 64, NOW - TTL // 2, 1, 1)]
+    c = case(["r"], slo=f32(0.3))
+    settings_ = settings_of(c)
+    scores = []
+    for ttft in (0, 1, TIGHT - 1, TIGHT, -5):
+        got = RANK.Ranker(["r"], settings_).bind(NOW, 1, None, ttft).rank(rows, True)  # type: ignore[union-attr]
+        same(got, PyRanker(["r"], settings_).bind(NOW, 1, None, ttft).rank(rows, True))
+        scores.append(got[1][0].score)
+    assert scores[1] == scores[2] > scores[0] == scores[3] == scores[4]
 
 
 def test_float32_rounding_of_large_counts() -> None:
     rows = [Run(0, 2**24 + 1, NOW, 1, 1)]
-    args = (["r"], NOW, TTL, 1, None, 1.0, 0.0, 0, False)
-    got = compiled().rank(rows, True, *args)
+    c = case(["r"])
+    got = compiled(c).rank(rows, True)
     assert got[1][0].score == float(2**24)  # float32 rounds 2**24 + 1 to even
-    same(got, PyRanker(ReplicaScore).rank(rows, True, *args))
+    same(got, py_ranker(c).rank(rows, True))
 
 
 def test_declines_what_it_does_not_mirror() -> None:
-    ranker = compiled()
     runs = [Run(0, 64, NOW, 1, 1)]
-    base = (["r"], NOW, TTL, 2, None, 1.0, 0.0, 0, False)
-    assert ranker.rank(runs, True, *base) is not None
+    base = case(["r"], total=2)
+    assert compiled(base).rank(runs, True) is not None
     # an infinite weight times a zero pressure is NaN
-    assert ranker.rank(runs, True, ["r"], NOW, TTL, 2, None, math.inf, 0.0, 0, False) is None
-    assert ranker.rank(runs, True, ["r"], NOW, 2**60, 2, None, 1.0, 0.0, 0, False) is None
-    assert ranker.rank([Run(5, 64, NOW, 1, 1)], True, *base) is None  # unknown replica id
-    assert ranker.rank([Run(0, 64, NOW, 1, 1)], True, ["r"], 2**70, *base[2:]) is None
-    assert ranker.rank(tuple(runs), True, *base) is None
+    assert compiled(case(["r"], total=2, weight=math.inf)).rank(runs, True) is None
+    assert compiled(case(["r"], total=2, ttl=2**60)).rank(runs, True) is None
+    assert compiled(base).rank([Run(5, 64, NOW, 1, 1)], True) is None  # unknown replica id
+    assert compiled(case(["r"], now=2**70)).rank(runs, True) is None
+    assert compiled(base).rank(tuple(runs), True) is None
+    assert compiled(case(["r"], weight=1)).rank(runs, True) is None  # an int weight
+    assert compiled(case(("r",))).rank(runs, True) is None  # names not a list
 
 
-def test_ranker_rejects_score_types_it_cannot_fill() -> None:
+def test_ranker_reads_its_settings_by_name() -> None:
     assert RANK is not None
 
-    class Plain:
-        pass
+    class Partial:
+        ttl_us = TTL
 
-    with pytest.raises(TypeError):
-        RANK.Ranker(Plain)
-    with pytest.raises(TypeError):
-        RANK.Ranker(LookupResult)
-
-
-def test_record_builds_the_dataclass_without_init() -> None:
-    assert RANK is not None
-    fields = ("reason_code", "replica_scores", "lookup_latency_us", "token_ids", "adapter_id")
-    make = RANK.Record(LookupResult, fields)
-    scores = [ReplicaScore("r")]
-    got = make("PREFIX_MATCH", scores, 7, (1, 2), "a")
-    assert got == LookupResult("PREFIX_MATCH", scores, 7, (1, 2), "a")
-    assert type(got) is LookupResult and got.replica_scores is scores
-    with pytest.raises(TypeError):
-        make("X")
-    with pytest.raises(TypeError):
-        RANK.Record(LookupResult, fields[:4])
+    with pytest.raises(AttributeError):
+        RANK.Ranker(["r"], Partial())  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,17 +299,17 @@ def test_walk_ranked_equals_walk_then_twin(
     s: tuple[Any, MemStore, list[bytes], list[int], int, dict[str, Any]],
 ) -> None:
     native, mem, keys, counts, fresh_after, c = s
-    args = args_of(c)
-    want = PyRanker(ReplicaScore).rank(mem.walk(keys, counts, fresh_after), True, *args)
-    same(mem.walk_ranked(keys, counts, fresh_after, PyRanker(ReplicaScore), args), want)
+    want = py_ranker(c).rank(mem.walk(keys, counts, fresh_after), True)
+    ops = PartitionOps(mem)  # the default walk_ranked
+    same(ops.walk_ranked(keys, counts, fresh_after, py_ranker(c)), want)
     packed = b"".join(keys)
     for ks in (keys, packed):
-        got = native.walk_ranked(ks, counts, fresh_after, compiled(), args)
+        got = native.walk_ranked(ks, counts, fresh_after, compiled(c))
         if got is not None:
             same(got, want)
         # a non-compiled ranker is called with the Run list
-        same(native.walk_ranked(ks, counts, fresh_after, PyRanker(ReplicaScore), args), want)
-        got = mem.walk_ranked(ks, counts, fresh_after, compiled(), args)
+        same(native.walk_ranked(ks, counts, fresh_after, py_ranker(c)), want)
+        got = ops.walk_ranked(ks, counts, fresh_after, compiled(c))
         if got is not None:
             same(got, want)
 
@@ -324,14 +336,11 @@ def test_walk_ranked_argument_checks() -> None:
     assert BLOCKMAP is not None
     store = BLOCKMAP.BlockMap()
     with pytest.raises(TypeError):
-        store.walk_ranked([k8(0)], [16], 0, compiled(), ())
+        store.walk_ranked([k8(0)], [16], 0)  # no ranker
     store.upsert(k8(0), 0, 16, NOW, 1)
     with pytest.raises(TypeError):
         store.walk([k8(0)], array("d", [1.0]), 0)  # only int counts
-    assert store.walk_ranked([k8(1)], b"\x10", 0, compiled(), args_of(
-        {"names": ["r"], "now": NOW, "ttl": TTL, "total": 1, "stats": None, "weight": 1.0,
-         "slo": 0.0, "min_matched": 0, "credit": False}
-    )) == (0, [], None)  # fmt: skip
+    assert store.walk_ranked([k8(1)], b"\x10", 0, compiled(case(["r"]))) == (0, [], None)
 
 
 @given(st.binary(max_size=200))

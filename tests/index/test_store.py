@@ -6,20 +6,51 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferencecache.index import STORE_BACKENDS
+from inferencecache.index.memstore import MemStore
 from inferencecache.index.store import (
     HOLD_REMOVED,
     KEY_REMOVED,
     NEW_HOLD,
     NEW_KEY,
+    OPTIONAL,
     Hold,
+    PartitionOps,
     PartitionStore,
     Run,
 )
 
 StoreFactory = Callable[[], PartitionStore]
+
+
+class RequiredOnly:
+    """A backend with exactly the required operations (a MemStore behind them), so every
+    capability runs its ``store.py`` default."""
+
+    def __init__(self) -> None:
+        inner = MemStore()
+        for name in ("key_count", "hold_count", "upsert", "holders", "walk", "credit",
+                     "remove_hold", "holds"):  # fmt: skip
+            setattr(self, name, getattr(inner, name))
+
+
+@pytest.fixture(params=[*sorted(STORE_BACKENDS), "required_only"])
+def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+    """Every backend of the build, and the required operations alone."""
+    if request.param == "required_only":
+        return RequiredOnly  # type: ignore[return-value]
+    factory: StoreFactory = STORE_BACKENDS[request.param]
+    return factory
+
+
+def test_required_only_has_no_capability() -> None:
+    ops = PartitionOps(RequiredOnly())  # type: ignore[arg-type]
+    for name in OPTIONAL:
+        assert getattr(ops, name).func.__module__ == "inferencecache.index.store", name
 
 
 def k(i: int) -> bytes:
@@ -76,7 +107,7 @@ class Reference:
 
 
 def test_upsert_bits_and_counts(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     assert s.upsert(k(1), 0, 16, 100, 1) == NEW_KEY | NEW_HOLD
     assert s.upsert(k(1), 1, 16, 100, 1) == NEW_HOLD
     assert s.upsert(k(1), 1, 32, 200, 2) == 0
@@ -87,7 +118,7 @@ def test_upsert_bits_and_counts(store_factory: StoreFactory) -> None:
 
 
 def test_packed_keys_everywhere(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [16, 32, 48], 7, 100, 1)
     packed = k(1) + k(2) + k(3)
     assert s.walk(packed, [10, 10, 10], 0) == s.walk([k(1), k(2), k(3)], [10, 10, 10], 0)
@@ -109,7 +140,7 @@ def test_remove_holds_rejects_a_bad_key_before_touching_anything(
 ) -> None:
     import pytest
 
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2)], [1, 1], 1, 100, 1)
     with pytest.raises(TypeError):
         s.remove_holds([k(1), "x"], 1)  # type: ignore[list-item]
@@ -117,7 +148,7 @@ def test_remove_holds_rejects_a_bad_key_before_touching_anything(
 
 
 def test_walk_semantics(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3), k(4)], [0, 0, 0, 0], 1, 100, 1)
     s.upsert_many([k(1), k(2)], [0, 0], 2, 50, 2)
     s.upsert_many([k(1), k(3), k(4)], [0, 0, 0], 3, 100, 1)  # gap at block 1: never re-enters
@@ -130,7 +161,7 @@ def test_walk_semantics(store_factory: StoreFactory) -> None:
 
 
 def test_removals(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [1, 1, 1], 1, 100, 1)
     s.upsert_many([k(1), k(2)], [1, 1], 2, 200, 1)
     assert s.remove_hold(k(1), 1) == HOLD_REMOVED
@@ -145,7 +176,7 @@ def test_removals(store_factory: StoreFactory) -> None:
 
 
 def test_sweep_and_summaries(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3)], [1, 1, 1], 1, 100, 1)
     s.upsert_many([k(1), k(4)], [1, 1], 2, 150, 1)
     assert s.replica_summary() == {1: (3, 100), 2: (2, 150)}
@@ -156,7 +187,7 @@ def test_sweep_and_summaries(store_factory: StoreFactory) -> None:
 
 
 def test_candidates_include_ties(store_factory: StoreFactory) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     s.upsert_many([k(1), k(2), k(3), k(4)], [1] * 4, 1, 100, 1)
     s.upsert(k(5), 1, 1, 50, 1)
     s.upsert(k(6), 1, 1, 300, 1)
@@ -209,7 +240,7 @@ OPS = st.lists(
 def test_store_matches_the_reference(
     store_factory: StoreFactory, ops: list[Any], probe: list[int], counts: int, fresh_after: int
 ) -> None:
-    s = store_factory()
+    s = PartitionOps(store_factory())
     ref = Reference()
     for op in ops:
         if op[0] == "up":

@@ -1,4 +1,4 @@
-"""Timeouts, echo rules, LFU credit, hint_used: contract §10 items 70-75."""
+"""Timeouts, echo rules, LFU credit, hint_used: contract-and-index.md §10 items 70-75."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferencecache.index import PROBE_TENANT, FakeClock, Reason, Stats
-from inferencecache.index.store import PartitionStore, Run
+from inferencecache.index.store import PartitionOps, PartitionStore, Run
 from tests.index.support import Env, FakeTokenizer, h, ids
 
 
@@ -23,11 +23,9 @@ class SlowStore:
         self._clock.advance(self._delay[0])
         return self._inner.walk(keys, counts, fresh_after)
 
-    def walk_ranked(
-        self, keys: Any, counts: Any, fresh_after: int, ranker: Any, rank_args: Any
-    ) -> Any:
+    def walk_ranked(self, keys: Any, counts: Any, fresh_after: int, ranker: Any) -> Any:
         self._clock.advance(self._delay[0])
-        return self._inner.walk_ranked(keys, counts, fresh_after, ranker, rank_args)
+        return PartitionOps(self._inner).walk_ranked(keys, counts, fresh_after, ranker)
 
     def holders(self, key: bytes, fresh_after: int) -> list[tuple[int, int, int, int]]:
         self._clock.advance(self._delay[0])

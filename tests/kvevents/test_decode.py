@@ -1,4 +1,5 @@
-"""The tolerant decoder against every fixture and the §3.3 rules (subscriber spec §13 1-16, 82)."""
+"""The tolerant decoder against every fixture and the engine-events-and-subscriber.md §3.3 rules
+(engine-events-and-subscriber.md §13 1-16, 82)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ZeroMQ message shapes: live 3-frame messages and both replay generations (spec §2.1)."""
+"""ZeroMQ message shapes: live 3-frame messages and both replay generations
+(engine-events-and-subscriber.md §2.1)."""
 
 from __future__ import annotations
 

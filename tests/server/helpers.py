@@ -7,14 +7,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from inferencecache import fingerprint
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 TENANT = "t"
 MODEL = "m"
 SCHEME = "vllm"
 
-# Contract §10 preamble: floors off, affinity off (one replica in scope unless a test adds more).
+# contract-and-index.md §10 preamble: floors off, affinity off (one replica in scope unless a test
+# adds more).
 PERMISSIVE = TenantPolicy(minimum_matched_tokens=0, routing_floor_score=0.0, affinity_routing=False)
 CONFIG = IndexConfig(policies={TENANT: PERMISSIVE})
 

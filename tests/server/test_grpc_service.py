@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from inferencecache import fingerprint, varint
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.tokenize import load_tokenizer_dir
@@ -141,7 +141,7 @@ def test_c10_91_reflection_serves_the_file(srv: RunningServer, symbol: str, file
         assert len(methods) == 8 and "LookupRoute" in methods
 
 
-# -- ingest streams (§4.1) ----------------------------------------------------------------------
+# -- ingest streams (contract-and-index.md §4.1) ---------------------------------------------------
 
 
 def test_c10_05_empty_report_stream_is_acked(srv: RunningServer) -> None:
@@ -238,12 +238,13 @@ def test_report_then_lookup_chain_tokens_and_exact(srv: RunningServer) -> None:
     assert [(s.replica_id, s.matched_tokens, s.tier) for s in by_chain.replica_scores] == [
         ("r1", 64, pb.CACHE_TIER_T1)
     ]
-    # §10 item 64: token_ids give the same outcome as the equivalent chain, without echo
+    # contract-and-index.md §10 item 64: token_ids give the same outcome as the equivalent chain,
+    # without echo
     by_tokens = stub.LookupRoute(lookup_tokens(toks), timeout=10)
     assert by_tokens.reason_code == "PREFIX_MATCH"
     assert [s.matched_tokens for s in by_tokens.replica_scores] == [64]
     assert list(by_tokens.token_ids) == []
-    # §10 item 8: legacy exact lookup returns the stored count
+    # contract-and-index.md §10 item 8: legacy exact lookup returns the stored count
     exact = stub.LookupRoute(
         pb.LookupRouteRequest(
             tenant_id=TENANT, model_id=MODEL, hash_scheme=SCHEME, prefix_hash=b"legacy-blob"

@@ -1,4 +1,4 @@
-"""HTTP surfaces (§9.2-§9.5) over real HTTP with an aiohttp client."""
+"""HTTP surfaces (contract-and-index.md §9.2-§9.5) over real HTTP with an aiohttp client."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import IndexConfig, TenantPolicy
+from inferencecache.index.tenant_config import IndexConfig, TenantPolicy
 from inferencecache.server.metrics import LATENCY_BUCKETS
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb

@@ -186,6 +186,7 @@ def test_bad_input_policy_file_names_the_field(tmp_path: Path) -> None:
         (["--default-ttl", "10"], "--default-ttl"),
         (["--max-holds", "-1"], "--max-holds"),
         (["--log-level", "loud"], "--log-level"),
+        (["--store-backend", "redis"], "--store-backend"),
     ],
 )
 def test_bad_input_startup_errors_exit_2_with_one_line(extra: list[str], needle: str) -> None:
@@ -234,3 +235,29 @@ def test_serve_help_lists_env_names() -> None:
         "INFERENCECACHE_BLOCK_SIZE",
     ):
         assert env in res.stdout
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_serve_store_backend_flag(procs: Children, backend: str) -> None:
+    """``--store-backend`` picks the index store; both answer the same lookup, and the server's
+    /metrics counts what compiled code handed back to Python (a group: protobuf decides)."""
+    from inferencecache.index.backends import STORE_BACKENDS
+
+    if backend not in STORE_BACKENDS:
+        pytest.fail(f"the {backend} store is not built here (scripts/check requires it)")
+    p = start(procs, [*LOCAL, "--store-backend", backend])
+    rec = p.wait_log("serving")
+    assert rec["store_backend"] == backend
+    target = f"127.0.0.1:{port_of(rec['grpc_address'])}"
+    http = f"http://127.0.0.1:{port_of(rec['http_address'])}"
+    with grpc.insecure_channel(target) as ch:
+        stub = pb_grpc.InferenceCacheStub(ch)  # type: ignore[no-untyped-call]
+        assert stub.ReportCacheState(iter([update("r1", [chain_entry(tokens(64))])]), timeout=10)
+        req = lookup_chain(tokens(64))
+        scores = wait_for(lambda: stub.LookupRoute(req, timeout=10).replica_scores)
+        assert [s.replica_id for s in scores] == ["r1"]
+        raw = ch.unary_unary("/inferencecache.v1alpha1.InferenceCache/LookupRoute")
+        grouped = req.SerializeToString() + b"\x63\x64"  # an empty group (field 12)
+        assert pb.LookupRouteResponse.FromString(raw(grouped, timeout=10)).replica_scores
+    metrics = urllib.request.urlopen(http + "/metrics", timeout=10).read().decode()
+    assert 'inferencecache_native_fallbacks_total{site="lookup_request"}' in metrics

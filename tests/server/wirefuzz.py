@@ -1,5 +1,5 @@
-"""Inputs for the LookupRoute wire parsers' differential tests: valid requests of every shape,
-and the same bytes damaged (flipped, cut, inserted, deleted)."""
+"""Inputs for the LookupRoute wire parser's differential tests (valid requests of every shape,
+and the same bytes damaged: flipped, cut, inserted, deleted), and protobuf's reading of them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import random
 
 from hypothesis import strategies as st
 
+from inferencecache.fingerprint import decode_varints, split_packed
+from inferencecache.index.model import LookupRequest
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -58,3 +61,52 @@ def mutate(buf: bytes, rnd: random.Random) -> bytes:
             pos = rnd.randrange(len(out))
             del out[pos : pos + rnd.randint(1, 3)]
     return bytes(out)
+
+
+class AboveU32:
+    """Token payload holding a varint above 2**32-1 (decoded by the index, as protobuf does)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, list)
+
+
+def norm(r: LookupRequest | object) -> tuple[object, ...]:
+    """A request's meaning, whichever packed or unpacked form the parser chose."""
+    assert isinstance(r, LookupRequest)
+    if r.packed_hashes:
+        assert isinstance(r.block_hashes, bytes)
+        hashes = split_packed(r.block_hashes)
+    else:
+        assert not isinstance(r.block_hashes, bytes)
+        hashes = list(r.block_hashes)
+    tokens: object
+    if r.token_varints:
+        assert isinstance(r.token_ids, bytes)
+        try:
+            tokens = list(decode_varints(r.token_ids))
+        except ValueError:
+            tokens = AboveU32()
+    else:
+        tokens = list(r.token_ids)
+    return (
+        r.tenant_id,
+        r.model_id,
+        r.hash_scheme,
+        r.adapter_id,
+        r.prefix_hash,
+        r.prefix_token_count,
+        hashes,
+        list(r.block_token_counts),
+        tokens,
+        r.prompt_text,
+        r.ttft_ms,
+    )
+
+
+def reference(buf: bytes) -> tuple[object, ...] | None:
+    """What protobuf makes of ``buf`` (None: not decodable)."""
+    try:
+        msg = pb.LookupRouteRequest.FromString(buf)
+    except Exception:
+        return None
+    return norm(lookup_wire.from_message(msg))

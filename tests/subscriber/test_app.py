@@ -1,5 +1,5 @@
 """The whole subscriber in one process: a real PUB engine, a real gRPC server, real HTTP
-(subscriber spec §3, §10, §13 items 53-55, 73)."""
+(engine-events-and-subscriber.md §3, §10, §13 items 53-55, 73)."""
 
 from __future__ import annotations
 

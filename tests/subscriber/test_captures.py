@@ -1,5 +1,5 @@
 """The three live vLLM 0.32 captures fed frame by frame through intake → processor → mapper
-(subscriber spec §12, §13 items 74-77)."""
+(engine-events-and-subscriber.md §12, §13 items 74-77)."""
 
 from __future__ import annotations
 

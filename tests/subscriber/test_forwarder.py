@@ -1,5 +1,5 @@
 """Batching, ordered RPCs, backoff and resync against a real gRPC server on loopback
-(subscriber spec §3.5, §3.7, §13 items 42, 48-55)."""
+(engine-events-and-subscriber.md §3.5, §3.7, §13 items 42, 48-55)."""
 
 from __future__ import annotations
 
@@ -264,8 +264,8 @@ async def test_s13_53_each_rpc_has_a_deadline(server: RecordingServer) -> None:
 
 
 async def test_s13_53_the_default_rpc_deadline_is_5s() -> None:
-    """Spec §3.5 / §8: every RPC of the subscriber has a 5 s deadline; a client built without
-    one (as ``Subscriber.start`` builds it) uses it."""
+    """engine-events-and-subscriber.md §3.5 / §8: every RPC of the subscriber has a 5 s deadline; a
+    client built without one (as ``Subscriber.start`` builds it) uses it."""
     assert RPC_DEADLINE == 5.0
     client = CacheClient(f"127.0.0.1:{free_port()}")  # lazy channel: nothing connects
     try:
@@ -434,7 +434,8 @@ async def test_s13_resync_when_the_server_restarts_while_quiet() -> None:
 
 
 def _apply(state: dict[tuple[bytes, str], int], log: list[tuple[str, Any, float]]) -> None:
-    """The server's effect (contract §4.2, §4.4) of what it received, in arrival order."""
+    """The server's effect (contract-and-index.md §4.2, §4.4) of what it received, in arrival
+    order."""
     for kind, msg, _ in log:
         if kind == "update":
             for p in msg.prefixes:

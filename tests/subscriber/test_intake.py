@@ -1,5 +1,5 @@
 """The ZeroMQ intake on real sockets: frames, topics, sequence, replay and the disconnect
-monitor (subscriber spec §2.1, §3.1, §3.2, §13 items 17, 20-23, 85)."""
+monitor (engine-events-and-subscriber.md §2.1, §3.1, §3.2, §13 items 17, 20-23, 85)."""
 
 from __future__ import annotations
 

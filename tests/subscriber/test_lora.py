@@ -1,4 +1,4 @@
-"""LoRA id→name table and resolution order (subscriber spec §5, §13 items 36-37)."""
+"""LoRA id→name table and resolution order (engine-events-and-subscriber.md §5, §13 items 36-37)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Block → fingerprint mapping, LoRA identity and tiers (subscriber spec §3.4, §5, §6, §13)."""
+"""Block → fingerprint mapping, LoRA identity and tiers
+(engine-events-and-subscriber.md §3.4, §5, §6, §13)."""
 
 from __future__ import annotations
 

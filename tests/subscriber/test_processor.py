@@ -1,5 +1,5 @@
-"""The processor: decode then apply, a rejected batch is one Warn and one count (spec §3.3,
-§13 items 10, 16)."""
+"""The processor: decode then apply, a rejected batch is one Warn and one count
+(engine-events-and-subscriber.md §3.3, engine-events-and-subscriber.md §13 items 10, 16)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequence tracking (subscriber spec §3.2, §13 items 18-20)."""
+"""Sequence tracking (engine-events-and-subscriber.md §3.2, §13 items 18-20)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Flags of ``inferencecache subscribe`` (subscriber spec §8, §13 items 37, 56-58, 83)."""
+"""Flags of ``inferencecache subscribe`` (engine-events-and-subscriber.md §8, §13 items 37, 56-58,
+83)."""
 
 from __future__ import annotations
 

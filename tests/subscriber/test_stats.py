@@ -1,5 +1,5 @@
-"""The stats path with a real HTTP scrape and a real gRPC server (subscriber spec §7,
-§13 items 59-72, 86)."""
+"""The stats path with a real HTTP scrape and a real gRPC server
+(engine-events-and-subscriber.md §7, engine-events-and-subscriber.md §13 items 59-72, 86)."""
 
 from __future__ import annotations
 

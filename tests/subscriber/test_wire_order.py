@@ -1,5 +1,6 @@
 """Removals as the server receives them, mapper + forwarder + a real gRPC server, in both
-``--batch-evictions`` modes (subscriber spec §3.4 sending rules, §13 items 40-43, 46, 80).
+``--batch-evictions`` modes (engine-events-and-subscriber.md §3.4 sending rules, §13 items 40-43,
+46, 80).
 
 The mapper-level tests (``test_mapping.py``) pin which actions a batch produces; these pin what
 reaches the wire: per block the same in both modes, one ``PublishEvent`` per BlockRemoved event

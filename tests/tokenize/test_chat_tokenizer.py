@@ -1,4 +1,5 @@
-"""Tokenizer loading and chat-template encoding (contract §5.2 step 4 and its loading rules)."""
+"""Tokenizer loading and chat-template encoding (contract-and-index.md §5.2 step 4 and its loading
+rules)."""
 
 from __future__ import annotations
 

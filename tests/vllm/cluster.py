@@ -213,7 +213,7 @@ class Cluster:
             time.sleep(0.05)
 
     def snapshot(self) -> dict[str, Any]:
-        """The server's ``GET /snapshot`` (contract §9.3)."""
+        """The server's ``GET /snapshot`` (contract-and-index.md §9.3)."""
         status, _, body = http_json(f"http://{self.http_address}/snapshot", timeout=10)
         assert status == 200, body
         assert isinstance(body, dict)

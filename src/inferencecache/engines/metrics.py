@@ -1,8 +1,8 @@
 """vLLM-named Prometheus metrics of a fake or simulated engine, served at ``/metrics``.
 
-The names and types are the ones the subscriber's stats path reads (subscriber spec §7), with
-vLLM's labels (``model_name``, ``engine``), so a subscriber scrapes a fake engine exactly like a
-real one.
+The names and types are the ones the subscriber's stats path reads
+(engine-events-and-subscriber.md §7), with vLLM's labels (``model_name``, ``engine``), so a
+subscriber scrapes a fake engine exactly like a real one.
 """
 
 from __future__ import annotations

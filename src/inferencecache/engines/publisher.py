@@ -1,4 +1,5 @@
-"""An engine-side KV-event publisher that speaks the real wire format (subscriber spec §2.1).
+"""An engine-side KV-event publisher that speaks the real wire format
+(engine-events-and-subscriber.md §2.1).
 
 What vLLM's ``ZmqEventPublisher`` does, reusable by every fake or simulated engine: a PUB socket
 (binds like vLLM: ``*``, ``::``, ``ipc://`` and ``inproc://`` endpoints, and here any loopback

@@ -1,4 +1,4 @@
-"""Settings of ``inferencecache fake-engine`` (subscriber spec §11)."""
+"""Settings of ``inferencecache fake-engine`` (engine-events-and-subscriber.md §11)."""
 
 from __future__ import annotations
 

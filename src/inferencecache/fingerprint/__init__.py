@@ -1,4 +1,4 @@
-"""Content fingerprint of token ids (contract spec §8), the one formula every part shares.
+"""Content fingerprint of token ids (contract-and-index.md §8), the one formula every part shares.
 
 XXH3-64 seed 1337 over each full block of `block_size` token ids (4 bytes little-endian each),
 chained: `prefix[i] = XXH3(le64(prefix[i-1]) || le64(content[i]))`, so block i's hash names the

@@ -14,8 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_pyargs.h"
-#include "_varint.h"
+#include "ic_pyargs.h"
+#include "ic_wire.h"
 #include "xxh3.h"
 
 #define FP_SEED UINT64_C(1337)
@@ -26,7 +26,7 @@
 #define FP_STACK_BYTES 8192
 
 /* ======================================================================================= */
-/* Argument parsing (METH_FASTCALL | METH_KEYWORDS, positional or keyword: _pyargs.h)      */
+/* Argument parsing (METH_FASTCALL | METH_KEYWORDS, positional or keyword: ic_pyargs.h)      */
 /* ======================================================================================= */
 
 /* block_size: any int (via __index__). Sizes beyond what memory could hold are clamped, since

@@ -364,7 +364,8 @@ class Gateway:
         return hint
 
     def _log_unknown(self, code: str, route: RouteInput) -> None:
-        """UNKNOWN_* means the gateway and the subscribers disagree (§5.12): say so, sparingly."""
+        """UNKNOWN_* means the gateway and the subscribers disagree (contract-and-index.md §5.12):
+        say so, sparingly."""
         key = (code, route.tenant_id, route.model_id)
         now = time.monotonic()
         last = self._unknown_logged.get(key)

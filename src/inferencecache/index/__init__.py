@@ -8,6 +8,7 @@
 from inferencecache.index.backends import STORE_BACKENDS, default_store_factory
 from inferencecache.index.clock import Clock, FakeClock, SystemClock
 from inferencecache.index.facade import HoldView, Index, StatsView
+from inferencecache.index.lookup_route import PromptTokenizer, Router
 from inferencecache.index.metrics import IndexMetrics, NullMetrics, RecordingMetrics
 from inferencecache.index.model import (
     MAX_TOKENS,
@@ -31,7 +32,11 @@ from inferencecache.index.model import (
     Update,
     UpdateLike,
 )
-from inferencecache.index.policy import (
+from inferencecache.index.probe import Prober, ProbeRequestError, decode_probe_body
+from inferencecache.index.settings import IndexSettings
+from inferencecache.index.snapshot import rfc3339_us
+from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import (
     EffectivePolicy,
     IndexConfig,
     PolicyDecodeError,
@@ -43,11 +48,6 @@ from inferencecache.index.policy import (
     load_policy_file,
     parse_policy_document,
 )
-from inferencecache.index.probe import Prober, ProbeRequestError, decode_probe_body
-from inferencecache.index.route import PromptTokenizer, Router
-from inferencecache.index.settings import IndexSettings
-from inferencecache.index.snapshot import rfc3339_us
-from inferencecache.index.store import PartitionStore
 
 __all__ = [
     "MAX_TOKENS",

@@ -18,7 +18,7 @@
  *   slot PF_A blocks ahead, probe it and prefetch its first overflow entry PF_B blocks ahead)
  *   so the cache misses of a long chain overlap instead of queueing; credit and upsert_many
  *   prefetch home slots PF_A keys ahead. Request counts may come packed (bytes of one-byte
- *   counts, array('i')). walk_ranked hands the final runs to the compiled ranker of
+ *   counts, array('i')). walk_ranked hands the final runs to a compiled ranker of
  *   inferencecache.index._rank as C structs (its capsule API, _rank.h): no Run objects.
  * - cap_candidates / quota_candidates keep the smallest candidates of a full scan in a heap
  *   between calls (kept exact by hooks in upsert and remove_hold), so an index at its hold cap
@@ -35,7 +35,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_pyargs.h"
+#include "ic_named.h"
+#include "ic_pyargs.h"
 #include "_rank.h"
 
 #if defined(__linux__)
@@ -156,7 +157,7 @@ static void qc_note(BlockMap *m, size_t pos);
 /* Set once at module init from inferencecache.index.store, never changed afterwards. */
 static PyObject *RunType = NULL;
 static PyObject *HoldType = NULL;
-static int run_fast = 0;  /* the NamedTuple can be filled like a tuple (see make_named) */
+static int run_fast = 0;  /* the NamedTuple can be filled like a tuple (see ic_named.h) */
 static int hold_fast = 0;
 
 /* ======================================================================================= */
@@ -639,7 +640,7 @@ static PyObject *slot_key(const BlockMap *m, const Slot *s) {
 /* Argument helpers                                                                        */
 /* ======================================================================================= */
 
-/* Every parameter of a BlockMap method is required (parsing: _pyargs.h). */
+/* Every parameter of a BlockMap method is required (parsing: ic_pyargs.h). */
 static inline int parse_args(const char *fname, const char *const *names, int n,
                              PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              PyObject **out) {
@@ -716,7 +717,7 @@ typedef struct {
     const char *packed;
     PyObject *const *items;
     Py_ssize_t n;
-    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
+    ic_input in; /* the sequence or the buffer (ic_pyargs.h); release with ic_input_release */
 } Keys;
 
 /* The items of a sequence argument, held by in: a list or tuple as it is, anything else
@@ -764,22 +765,6 @@ static inline int keys_get(const Keys *k, Py_ssize_t i, const char **p, Py_ssize
  * NamedTuple classes are plain tuple subclasses with no extra fields, so they can be
  * allocated and filled like tuples (what CPython's tuple_subtype_new does); otherwise call
  * the class. */
-static PyObject *make_named(PyObject *type, int fast, PyObject **items, Py_ssize_t n) {
-    PyObject *r = NULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (items[i] == NULL) goto fail;
-    if (fast) {
-        r = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
-        if (r == NULL) goto fail;
-        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(r, i, items[i]);
-        return r;
-    }
-    r = PyObject_Vectorcall(type, items, (size_t)n, NULL);
-fail:
-    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
-    return r;
-}
-
 static PyObject *make_hold(const BlockMap *m, const Slot *s, const Hold *x, int64_t access) {
     PyObject *it[6];
     it[0] = slot_key(m, s);
@@ -788,7 +773,7 @@ static PyObject *make_hold(const BlockMap *m, const Slot *s, const Hold *x, int6
     it[3] = PyLong_FromLongLong((long long)x->last_seen);
     it[4] = PyLong_FromLong((long)x->tier);
     it[5] = PyLong_FromLongLong((long long)access);
-    return make_named(HoldType, hold_fast, it, 6);
+    return ic_make_named(HoldType, hold_fast, it, 6);
 }
 
 /* ======================================================================================= */
@@ -1254,7 +1239,7 @@ typedef struct {
     const uint8_t *u8;
     const int32_t *i32;
     Py_ssize_t n;
-    ic_input in; /* the sequence or the buffer (_pyargs.h); release with ic_input_release */
+    ic_input in; /* the sequence or the buffer (ic_pyargs.h); release with ic_input_release */
 } Counts;
 
 static int counts_open(PyObject *obj, Counts *c) {
@@ -1482,7 +1467,7 @@ static PyObject *runs_list(const RunTable *t) {
         it[2] = PyLong_FromLongLong((long long)r->oldest);
         it[3] = PyLong_FromLong((long)r->tier);
         it[4] = PyLong_FromSsize_t(r->stamp + 1);
-        PyObject *run = make_named(RunType, run_fast, it, 5);
+        PyObject *run = ic_make_named(RunType, run_fast, it, 5);
         if (run == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -1511,21 +1496,17 @@ static PyObject *BM_walk(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
 static const RankCAPI *rank_capi = NULL;
 static int rank_capi_tried = 0;
 
-static const char *const walk_ranked_names[] = {"keys", "counts", "fresh_after", "ranker",
-                                                "rank_args"};
+static const char *const walk_ranked_names[] = {"keys", "counts", "fresh_after", "ranker"};
 
-/* ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args), without creating the
- * Run objects when ranker is the compiled Ranker. */
+/* ranker.rank(self.walk(keys, counts, fresh_after), True) for a ranker bound to one lookup
+ * (ranking.PyBoundRanker, _rank.BoundRanker), without creating the Run objects when it is the
+ * compiled one. */
 static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    PyObject *a[5];
-    if (parse_args("walk_ranked", walk_ranked_names, 5, args, nargs, kwnames, a) < 0)
+    PyObject *a[4];
+    if (parse_args("walk_ranked", walk_ranked_names, 4, args, nargs, kwnames, a) < 0)
         return NULL;
-    PyObject *ranker = a[3], *rank_args = a[4];
-    if (!PyTuple_CheckExact(rank_args) || PyTuple_GET_SIZE(rank_args) != RANK_NARGS) {
-        PyErr_Format(PyExc_TypeError, "rank_args must be a tuple of %d items", RANK_NARGS);
-        return NULL;
-    }
+    PyObject *ranker = a[3];
     if (!rank_capi_tried) {
         rank_capi_tried = 1;
         rank_capi = (const RankCAPI *)PyCapsule_Import(RANK_CAPI_NAME, 0);
@@ -1538,7 +1519,7 @@ static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t n
     RunTable t;
     PyObject *out = NULL;
     if (walk_collect(m, a[0], a[1], a[2], &t, local) < 0) goto done;
-    if (rank_capi != NULL && Py_IS_TYPE(ranker, rank_capi->ranker_type)) {
+    if (rank_capi != NULL && Py_IS_TYPE(ranker, rank_capi->bound_type)) {
         RankRun rlocal[RUNS_LOCAL];
         RankRun *rr = t.nruns <= RUNS_LOCAL
                           ? rlocal
@@ -1555,19 +1536,14 @@ static PyObject *BM_walk_ranked(BlockMap *m, PyObject *const *args, Py_ssize_t n
             rr[j].tier = r->tier;
             rr[j].blocks = (int64_t)r->stamp + 1;
         }
-        out = rank_capi->rank_runs(ranker, rr, t.nruns, PySequence_Fast_ITEMS(rank_args));
+        out = rank_capi->rank_runs(ranker, rr, t.nruns);
         if (rr != rlocal) PyMem_RawFree(rr);
     } else {
         PyObject *runs = runs_list(&t);
         if (runs == NULL) goto done;
-        PyObject *call[2 + 1 + RANK_NARGS];
-        call[0] = ranker;
-        call[1] = runs;
-        call[2] = Py_True;
-        for (int j = 0; j < RANK_NARGS; j++) call[3 + j] = PyTuple_GET_ITEM(rank_args, j);
+        PyObject *call[3] = {ranker, runs, Py_True};
         PyObject *name = PyUnicode_InternFromString("rank");
-        if (name != NULL)
-            out = PyObject_VectorcallMethod(name, call, 3 + RANK_NARGS, NULL);
+        if (name != NULL) out = PyObject_VectorcallMethod(name, call, 3, NULL);
         Py_XDECREF(name);
         Py_DECREF(runs);
     }
@@ -2721,8 +2697,8 @@ static PyMethodDef BM_methods[] = {
     {"walk", (PyCFunction)(void (*)(void))BM_walk, FASTKW,
      "walk(keys, counts, fresh_after) -> [Run]: leading runs of a request chain"},
     {"walk_ranked", (PyCFunction)(void (*)(void))BM_walk_ranked, FASTKW,
-     "walk_ranked(keys, counts, fresh_after, ranker, rank_args): "
-     "ranker.rank(walk(keys, counts, fresh_after), True, *rank_args)"},
+     "walk_ranked(keys, counts, fresh_after, ranker): "
+     "ranker.rank(walk(keys, counts, fresh_after), True)"},
     {"credit", (PyCFunction)(void (*)(void))BM_credit, FASTKW,
      "credit(keys, blocks, replica): access += 1 on the replica's holds of keys[:blocks]"},
     {"remove_hold", (PyCFunction)(void (*)(void))BM_remove_hold, FASTKW,
@@ -2763,19 +2739,6 @@ static PyTypeObject BlockMapType = {
     .tp_methods = BM_methods,
 };
 
-static int named_fast(PyObject *type, Py_ssize_t fields) {
-    if (!PyType_Check(type)) return 0;
-    PyTypeObject *t = (PyTypeObject *)type;
-    PyObject *f = PyObject_GetAttrString(type, "_fields");
-    int ok = f != NULL && PyTuple_Check(f) && PyTuple_GET_SIZE(f) == fields;
-    Py_XDECREF(f);
-    PyErr_Clear();
-    return ok && PyType_IsSubtype(t, &PyTuple_Type) &&
-           t->tp_basicsize == PyTuple_Type.tp_basicsize &&
-           t->tp_itemsize == PyTuple_Type.tp_itemsize && t->tp_dictoffset == 0 &&
-           t->tp_alloc != NULL;
-}
-
 static struct PyModuleDef bm_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "inferencecache.index._blockmap",
@@ -2795,8 +2758,8 @@ PyMODINIT_FUNC PyInit__blockmap(void) {
             Py_CLEAR(RunType);
             return NULL;
         }
-        run_fast = named_fast(RunType, 5);
-        hold_fast = named_fast(HoldType, 6);
+        run_fast = ic_named_fast(RunType, 5);
+        hold_fast = ic_named_fast(HoldType, 6);
     }
     PyObject *mod = PyModule_Create(&bm_module);
     if (mod == NULL) return NULL;

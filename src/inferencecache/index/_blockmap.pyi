@@ -3,7 +3,7 @@
 from collections.abc import Iterator, Sequence
 from typing import Any, final
 
-from inferencecache.index.store import Hold, Run, RunRanker
+from inferencecache.index.store import BoundRanker, Hold, Run
 
 NEW_KEY: int
 NEW_HOLD: int
@@ -37,8 +37,7 @@ class BlockMap:
         keys: Sequence[bytes] | bytes,
         counts: Sequence[int],
         fresh_after: int,
-        ranker: RunRanker,
-        rank_args: tuple[Any, ...],
+        ranker: BoundRanker,
     ) -> Any: ...
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None: ...
     def remove_hold(self, key: bytes, replica: int) -> int: ...

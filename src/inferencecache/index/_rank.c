@@ -1,14 +1,15 @@
 /*
- * inferencecache.index._rank: the PREFIX_MATCH scoring step of LookupRoute (contract §5.4,
- * §5.5, §5.8 G1) in C. Pure-Python twin: inferencecache.index.ranking.PyRanker; both give
+ * inferencecache.index._rank: the PREFIX_MATCH scoring step of LookupRoute (contract-and-index.md §5.4,
+ * contract-and-index.md §5.5, §5.8 G1) in C. Pure-Python reference: inferencecache.index.ranking.PyRanker; both give
  * identical results (tests/index/test_rank_differential.py).
  *
- * Ranker(score_type).rank(rows, chain, names, now_us, ttl_us, total, stats, pressure_weight,
- *                         slo, min_matched, want_credit)
- *   -> (scored, [score_type], [(replica, blocks)] | None), or None
+ * Ranker(names, settings): settings is a ranking.RankSettings (read by attribute name, once);
+ * names the index's replica id -> name list.
+ * Ranker.bind(now_us, total, stats, ttft_ms) -> BoundRanker: one lookup's facts.
+ * BoundRanker.rank(rows, chain) -> (scored, [ReplicaScore], [(replica, blocks)] | None), or None
  *
- * takes the store's answer (walk Runs on the chain path, holders tuples on the exact path) and
- * does everything up to the ranked ReplicaScores: freshness, the run/hold filters, the DP
+ * rank takes the store's answer (walk Runs on the chain path, holders tuples on the exact path)
+ * and does everything up to the ranked ReplicaScores: freshness, the run/hold filters, the DP
  * factor, the stats-row pressure, the SLO bias, the float32 score, the (-score, replica_id)
  * order and the G1 floor. `scored` is the number of rows before G1 (orchestration needs it).
  * The same step is exported to the compiled store as a C function (capsule `_C_API`, see
@@ -21,16 +22,12 @@
  * multiply-add is contracted (-ffp-contract=off in pyproject.toml, and the pragma below).
  * Integer division `age / ttl` is Python's correctly rounded int/int, which equals the double
  * division when both fit 53 bits. Anything outside what is mirrored here exactly (a NaN score,
- * a TTL beyond 2**53 µs, values outside int64, unexpected types) returns None and the caller
- * runs the Python twin, so the twin's behaviour (including its exceptions) is the definition.
- *
- * score_type objects are created without calling __init__: the type must be a plain
- * __slots__ record of exactly (replica_id, score, matched_tokens, estimated_cache_hit_prob,
- * tier) deriving from object (model.ReplicaScore is), checked once in Ranker().
+ * a TTL beyond 2**53 us, values outside int64, unexpected types) makes rank return None and the
+ * caller runs the Python reference (and counts it), so its behaviour, exceptions included, is
+ * the definition.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 
 #include <float.h>
 #include <limits.h>
@@ -39,7 +36,7 @@
 #include <string.h>
 
 #include "_rank.h"
-#include "_slots.h"
+#include "ic_named.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define RK_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -58,7 +55,6 @@
 #endif
 
 #define RK_LOCAL 16
-#define RK_FIELDS 5
 #define RK_MAX_EXACT_TTL ((int64_t)1 << 53)
 #define FALLBACK 1
 
@@ -73,30 +69,34 @@ typedef struct {
     PyObject *src;  /* owned or NULL */
 } RRow;
 
-/* The arguments after (rows, chain). */
-typedef struct {
-    PyObject *names; /* list: replica id -> name */
-    PyObject *stats; /* dict replica id -> StatsRow, or None */
-    long long now, ttl, total, min_matched, fresh_after;
-    double weight, slo;
-    int want_credit;
-} Params;
-
+/* Ranker: the RankSettings of one policy, read once. */
 typedef struct {
     PyObject_HEAD
-    PyTypeObject *cls;
-    Py_ssize_t off[RK_FIELDS]; /* replica_id, score, matched_tokens, prob, tier */
+    PyObject *names; /* list: replica id -> name */
+    long long ttl, min_matched, slo_tight;
+    double weight, slo_bias;
+    int credit;
+    int mirrored; /* 0: a setting this file does not mirror exactly; every rank declines */
 } Ranker;
 
-static PyTypeObject RankerType;
+/* BoundRanker: a Ranker and one lookup's facts. */
+typedef struct {
+    PyObject_HEAD
+    Ranker *rk;
+    PyObject *stats; /* dict replica id -> StatsRow, or None */
+    long long now, total, fresh_after;
+    double slo;
+    int mirrored;
+} Bound;
+
+static PyTypeObject RankerType, BoundType;
 
 static PyObject *s_stats_reported = NULL;
 static PyObject *s_pressure = NULL;
 static PyObject *s_empty = NULL;
 static PyObject *s_zero = NULL;
-
-static const char *const field_names[RK_FIELDS] = {
-    "replica_id", "score", "matched_tokens", "estimated_cache_hit_prob", "tier"};
+static PyObject *score_type = NULL; /* inferencecache.index.model.ReplicaScore */
+static int score_fast = 0;          /* a plain NamedTuple: built through the tuple API */
 
 static inline double f32(double x) { return (double)(float)x; }
 
@@ -111,34 +111,7 @@ static inline int sub_overflows(long long a, long long b, long long *out) {
 #endif
 }
 
-/* ---- construction ---- */
-
-static PyObject *Ranker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *cls;
-    static char *kwlist[] = {"score_type", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Ranker", kwlist, &cls)) return NULL;
-    PyObject *names = Py_BuildValue("(sssss)", field_names[0], field_names[1], field_names[2],
-                                    field_names[3], field_names[4]);
-    if (names == NULL) return NULL;
-    Py_ssize_t off[RK_FIELDS];
-    int rc = slots_layout(cls, names, off);
-    Py_DECREF(names);
-    if (rc < 0) return NULL;
-    Ranker *self = (Ranker *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    memcpy(self->off, off, sizeof(off));
-    self->cls = (PyTypeObject *)Py_NewRef(cls);
-    return (PyObject *)self;
-}
-
-static void Ranker_dealloc(Ranker *self) {
-    Py_XDECREF(self->cls);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* ---- the arithmetic of ranking.py ---- */
-
-/* An int as long long: 0 = done, 1 = not an int or out of range (the twin decides). */
+/* An int as long long: 0 = done, 1 = not an int or out of range (Python decides). */
 static inline int as_ll(PyObject *o, long long *out) {
     if (RK_UNLIKELY(!PyLong_Check(o))) return 1;
     int overflow;
@@ -151,6 +124,97 @@ static inline int as_ll(PyObject *o, long long *out) {
     *out = v;
     return 0;
 }
+
+/* ---- construction ---- */
+
+/* settings.<name> as a long long / a float / a bool; 1 = not mirrored, -1 = error. */
+static int attr_ll(PyObject *settings, const char *name, long long *out) {
+    PyObject *v = PyObject_GetAttrString(settings, name);
+    if (v == NULL) return -1;
+    int rc = as_ll(v, out);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int attr_double(PyObject *settings, const char *name, double *out) {
+    PyObject *v = PyObject_GetAttrString(settings, name);
+    if (v == NULL) return -1;
+    int rc = PyFloat_CheckExact(v) ? 0 : 1;
+    if (rc == 0) *out = PyFloat_AS_DOUBLE(v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int attr_bool(PyObject *settings, const char *name, int *out) {
+    PyObject *v = PyObject_GetAttrString(settings, name);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (t < 0) return -1;
+    *out = t;
+    return 0;
+}
+
+static PyObject *Ranker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *names, *settings;
+    static char *kwlist[] = {"names", "settings", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Ranker", kwlist, &names, &settings))
+        return NULL;
+    Ranker *self = (Ranker *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->names = Py_NewRef(names);
+    /* ranking.RankSettings, field by field (a new knob: read it here, use it below) */
+    int rc[6] = {
+        attr_ll(settings, "ttl_us", &self->ttl),
+        attr_double(settings, "pressure_weight", &self->weight),
+        attr_ll(settings, "slo_tight_ttft_ms", &self->slo_tight),
+        attr_double(settings, "slo_bias", &self->slo_bias),
+        attr_ll(settings, "min_matched", &self->min_matched),
+        attr_bool(settings, "credit", &self->credit),
+    };
+    self->mirrored = PyList_CheckExact(names) && self->ttl <= RK_MAX_EXACT_TTL;
+    for (int i = 0; i < 6; i++) {
+        if (rc[i] < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (rc[i] > 0) self->mirrored = 0;
+    }
+    return (PyObject *)self;
+}
+
+static void Ranker_dealloc(Ranker *self) {
+    Py_XDECREF(self->names);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Ranker.bind(now_us, total, stats, ttft_ms) */
+static PyObject *Ranker_bind(Ranker *rk, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "bind() takes 4 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Bound *b = (Bound *)BoundType.tp_alloc(&BoundType, 0);
+    if (b == NULL) return NULL;
+    b->rk = (Ranker *)Py_NewRef((PyObject *)rk);
+    b->stats = Py_NewRef(args[2]);
+    long long ttft = 0;
+    b->mirrored = rk->mirrored && !as_ll(args[0], &b->now) && !as_ll(args[1], &b->total) &&
+                  !as_ll(args[3], &ttft) &&
+                  (b->stats == Py_None || PyDict_CheckExact(b->stats)) &&
+                  !sub_overflows(b->now, rk->ttl, &b->fresh_after);
+    b->slo = 0 < ttft && ttft < rk->slo_tight ? rk->slo_bias : 0.0;
+    return (PyObject *)b;
+}
+
+static void Bound_dealloc(Bound *self) {
+    Py_XDECREF((PyObject *)self->rk);
+    Py_XDECREF(self->stats);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ---- the arithmetic of ranking.py ---- */
+
 
 /* ranking.freshness narrowed to float32; age and ttl fit 53 bits (ttl checked by the caller). */
 static inline double freshness32(long long age, long long ttl) {
@@ -257,36 +321,18 @@ done:
 
 /* ---- the ranking step ---- */
 
-/* The RANK_NARGS arguments after (rows, chain). 0 = ok, 1 = fallback, -1 = error. */
-static int parse_params(PyObject *const *a, Params *p) {
-    int t = PyObject_IsTrue(a[8]);
-    if (t < 0) return -1;
-    p->want_credit = t;
-    p->names = a[0];
-    p->stats = a[4];
-    if (as_ll(a[1], &p->now) || as_ll(a[2], &p->ttl) || as_ll(a[3], &p->total) ||
-        as_ll(a[7], &p->min_matched))
-        return FALLBACK;
-    if (!PyList_CheckExact(p->names) || !(p->stats == Py_None || PyDict_CheckExact(p->stats)) ||
-        !PyFloat_CheckExact(a[5]) || !PyFloat_CheckExact(a[6]) || p->ttl > RK_MAX_EXACT_TTL ||
-        sub_overflows(p->now, p->ttl, &p->fresh_after))
-        return FALLBACK;
-    p->weight = PyFloat_AS_DOUBLE(a[5]);
-    p->slo = PyFloat_AS_DOUBLE(a[6]);
-    return 0;
-}
-
 /* The per-row filters of the twin (chain: tokens > 0; both: freshness > 0) and the name.
  * Fills v[*n] and bumps *n when the row is kept; 0 = ok, 1 = fallback. */
-static inline int add_row(const Params *p, int chain, RRow *v, Py_ssize_t *n, long long rid,
+static inline int add_row(const Bound *p, int chain, RRow *v, Py_ssize_t *n, long long rid,
                           long long tokens, long long seen, long long tier, long long blocks) {
     if (chain && tokens <= 0) return 0;
     long long age;
     if (sub_overflows(p->now, seen, &age)) return FALLBACK;
-    double f = freshness32(age, p->ttl);
+    double f = freshness32(age, p->rk->ttl);
     if (f <= 0.0) return 0;
-    if (rid < 0 || rid >= PyList_GET_SIZE(p->names)) return FALLBACK; /* Python: [-1] or raise */
-    PyObject *name = PyList_GET_ITEM(p->names, rid);
+    PyObject *names = p->rk->names;
+    if (rid < 0 || rid >= PyList_GET_SIZE(names)) return FALLBACK; /* Python: [-1] or raise */
+    PyObject *name = PyList_GET_ITEM(names, rid);
     if (name == Py_None || (PyUnicode_CheckExact(name) && PyUnicode_GET_LENGTH(name) == 0)) {
         name = s_empty;
     } else if (!PyUnicode_CheckExact(name)) {
@@ -308,29 +354,16 @@ static inline PyObject *obj_or_new(PyObject *o, long long v) {
     return o != NULL ? Py_NewRef(o) : PyLong_FromLongLong(v);
 }
 
-static PyObject *make_score(const Ranker *rk, const RRow *r) {
-    PyObject *score = PyFloat_FromDouble(r->score);
-    PyObject *prob = PyFloat_FromDouble(r->prob);
-    PyObject *tokens = obj_or_new(r->tok_obj, r->matched);
-    /* ingest.report_tier: T1..T3 (any value <= 3) as is, anything colder UNSPECIFIED */
-    PyObject *tier = r->tier <= 3 ? obj_or_new(r->tier_obj, r->tier) : Py_NewRef(s_zero);
-    PyObject *obj = NULL;
-    if (score != NULL && prob != NULL && tokens != NULL && tier != NULL)
-        obj = rk->cls->tp_alloc(rk->cls, 0);
-    if (obj == NULL) {
-        Py_XDECREF(score);
-        Py_XDECREF(prob);
-        Py_XDECREF(tokens);
-        Py_XDECREF(tier);
-        return NULL;
-    }
-    char *base = (char *)obj;
-    *(PyObject **)(base + rk->off[0]) = Py_NewRef(r->name);
-    *(PyObject **)(base + rk->off[1]) = score;
-    *(PyObject **)(base + rk->off[2]) = tokens;
-    *(PyObject **)(base + rk->off[3]) = prob;
-    *(PyObject **)(base + rk->off[4]) = tier;
-    return obj;
+/* ReplicaScore(replica_id, score, matched_tokens, estimated_cache_hit_prob, tier) */
+static PyObject *make_score(const RRow *r) {
+    PyObject *a[5];
+    a[0] = Py_NewRef(r->name);
+    a[1] = PyFloat_FromDouble(r->score);
+    a[2] = obj_or_new(r->tok_obj, r->matched);
+    a[3] = PyFloat_FromDouble(r->prob);
+    /* apply.report_tier: T1..T3 (any value <= 3) as is, anything colder UNSPECIFIED */
+    a[4] = r->tier <= 3 ? obj_or_new(r->tier_obj, r->tier) : Py_NewRef(s_zero);
+    return ic_make_named(score_type, score_fast, a, 5);
 }
 
 static PyObject *make_credit(const RRow *r) {
@@ -353,8 +386,9 @@ static PyObject *make_credit(const RRow *r) {
 
 /* DP, pressure, score, order, G1 and the output of the n kept rows (n_in = input rows, the
  * exact path's DP match). Returns the result tuple, or NULL with *rc = FALLBACK or -1. */
-static PyObject *finish(const Ranker *rk, const Params *p, int chain, RRow *v, RRow *tmp,
-                        long long *ms, Py_ssize_t n, Py_ssize_t n_in, int *rc) {
+static PyObject *finish(const Bound *p, int chain, RRow *v, RRow *tmp, long long *ms,
+                        Py_ssize_t n, Py_ssize_t n_in, int *rc) {
+    const Ranker *rk = p->rk;
     if (n > 0) {
         double dp_exact = chain ? 1.0 : dp_factor(n_in, p->total);
         int chain_dp = chain && p->total > 1;
@@ -391,7 +425,7 @@ static PyObject *finish(const Ranker *rk, const Params *p, int chain, RRow *v, R
                     return NULL;
                 }
             }
-            double pf = pressure_factor(p->weight, pressure);
+            double pf = pressure_factor(rk->weight, pressure);
             double s = match_score((double)r->matched, r->prob, pf, p->slo, dp);
             if (RK_UNLIKELY(s != s)) { /* NaN: Python's sort of NaN keys is not mirrored */
                 *rc = FALLBACK;
@@ -401,17 +435,17 @@ static PyObject *finish(const Ranker *rk, const Params *p, int chain, RRow *v, R
         }
         sort_rows(v, tmp, n);
     }
-    long long floor = p->min_matched;
+    long long floor = rk->min_matched;
     Py_ssize_t kept = 0;
     for (Py_ssize_t i = 0; i < n; i++) kept += floor <= 0 || v[i].matched >= floor;
     PyObject *scores = PyList_New(kept);
-    PyObject *credit = p->want_credit ? PyList_New(kept) : Py_NewRef(Py_None);
+    PyObject *credit = rk->credit ? PyList_New(kept) : Py_NewRef(Py_None);
     PyObject *scored = PyLong_FromSsize_t(n);
     PyObject *out = NULL;
     if (scores == NULL || credit == NULL || scored == NULL) goto fail;
     for (Py_ssize_t i = 0, k = 0; i < n; i++) {
         if (floor > 0 && v[i].matched < floor) continue; /* G1 */
-        PyObject *obj = make_score(rk, &v[i]);
+        PyObject *obj = make_score(&v[i]);
         if (obj == NULL) goto fail;
         PyList_SET_ITEM(scores, k, obj);
         if (credit != Py_None) {
@@ -479,23 +513,21 @@ static PyObject *result_of(PyObject *out, int rc) {
     return NULL;
 }
 
-static PyObject *Ranker_rank(Ranker *rk, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 + RANK_NARGS) {
-        PyErr_Format(PyExc_TypeError, "rank() takes %d positional arguments (%zd given)",
-                     2 + RANK_NARGS, nargs);
+/* BoundRanker.rank(rows, chain) */
+static PyObject *Bound_rank(Bound *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "rank() takes 2 positional arguments (%zd given)", nargs);
         return NULL;
     }
     int chain = PyObject_IsTrue(args[1]);
     if (chain < 0) return NULL;
-    Params p;
-    int rc = parse_params(args + 2, &p);
-    if (rc < 0) return NULL;
     PyObject *rows = args[0];
-    if (rc == FALLBACK || !PyList_CheckExact(rows)) Py_RETURN_NONE;
+    if (!p->mirrored || !PyList_CheckExact(rows)) Py_RETURN_NONE;
     Py_ssize_t n_in = PyList_GET_SIZE(rows);
     Py_ssize_t width = chain ? 5 : 4;
     Rows b;
     PyObject *out = NULL;
+    int rc = 0;
     if (rows_open(&b, n_in) < 0) {
         rc = -1;
         goto done;
@@ -514,7 +546,7 @@ static PyObject *Ranker_rank(Ranker *rk, PyObject *const *args, Py_ssize_t nargs
             }
         }
         Py_ssize_t before = b.n;
-        if (add_row(&p, chain, b.v, &b.n, f[0], f[1], f[2], f[3], f[4])) {
+        if (add_row(p, chain, b.v, &b.n, f[0], f[1], f[2], f[3], f[4])) {
             rc = FALLBACK;
             goto done;
         }
@@ -527,54 +559,51 @@ static PyObject *Ranker_rank(Ranker *rk, PyObject *const *args, Py_ssize_t nargs
             r->blocks_obj = chain ? PyTuple_GET_ITEM(t, 4) : NULL;
         }
     }
-    out = finish(rk, &p, chain, b.v, b.tmp, b.ms, b.n, n_in, &rc);
+    out = finish(p, chain, b.v, b.tmp, b.ms, b.n, n_in, &rc);
 done:
     rows_close(&b);
     return result_of(out, rc);
 }
 
-/* The C API: Ranker.rank(runs, True, *args) over C structs (BlockMap.walk_ranked). */
-static PyObject *rank_runs(PyObject *ranker, const RankRun *runs, Py_ssize_t n,
-                           PyObject *const *args) {
-    if (!Py_IS_TYPE(ranker, &RankerType)) {
-        PyErr_SetString(PyExc_TypeError, "rank_runs: not a compiled Ranker");
+/* The C API: BoundRanker.rank(runs, True) over C structs (BlockMap.walk_ranked). */
+static PyObject *rank_runs(PyObject *bound, const RankRun *runs, Py_ssize_t n) {
+    if (!Py_IS_TYPE(bound, &BoundType)) {
+        PyErr_SetString(PyExc_TypeError, "rank_runs: not a compiled BoundRanker");
         return NULL;
     }
-    Params p;
-    int rc = parse_params(args, &p);
-    if (rc < 0) return NULL;
-    if (rc == FALLBACK) Py_RETURN_NONE;
+    Bound *p = (Bound *)bound;
+    if (!p->mirrored) Py_RETURN_NONE;
     Rows b;
     PyObject *out = NULL;
+    int rc = 0;
     if (rows_open(&b, n) < 0) {
         rc = -1;
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         const RankRun *x = &runs[i];
-        if (add_row(&p, 1, b.v, &b.n, x->replica, x->tokens, x->oldest, x->tier, x->blocks)) {
+        if (add_row(p, 1, b.v, &b.n, x->replica, x->tokens, x->oldest, x->tier, x->blocks)) {
             rc = FALLBACK;
             goto done;
         }
     }
-    out = finish((Ranker *)ranker, &p, 1, b.v, b.tmp, b.ms, b.n, n, &rc);
+    out = finish(p, 1, b.v, b.tmp, b.ms, b.n, n, &rc);
 done:
     rows_close(&b);
     return result_of(out, rc);
 }
 
-static RankCAPI rank_capi = {RANK_CAPI_ABI, &RankerType, rank_runs};
+static RankCAPI rank_capi = {RANK_CAPI_ABI, &BoundType, rank_runs};
 
 static PyMethodDef Ranker_methods[] = {
-    {"rank", (PyCFunction)(void (*)(void))Ranker_rank, METH_FASTCALL,
-     "rank(rows, chain, names, now_us, ttl_us, total, stats, pressure_weight, slo, "
-     "min_matched, want_credit) -> (scored, scores, credit) | None (run the Python twin)"},
+    {"bind", (PyCFunction)(void (*)(void))Ranker_bind, METH_FASTCALL,
+     "bind(now_us, total, stats, ttft_ms) -> BoundRanker: the ranker of one lookup"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject RankerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.index._rank.Ranker",
-    .tp_doc = PyDoc_STR("Ranker(score_type): the compiled PREFIX_MATCH scoring step."),
+    .tp_doc = PyDoc_STR("Ranker(names, settings): the compiled PREFIX_MATCH scoring step."),
     .tp_basicsize = sizeof(Ranker),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = Ranker_new,
@@ -582,67 +611,22 @@ static PyTypeObject RankerType = {
     .tp_methods = Ranker_methods,
 };
 
-/* ---- Record: a fast constructor of plain __slots__ records (model.LookupResult) ---- */
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyTypeObject *cls;
-    Py_ssize_t n;
-    Py_ssize_t off[SLOTS_MAX];
-} Record;
-
-static PyObject *Record_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                   PyObject *kwnames) {
-    Record *rec = (Record *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != rec->n || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_Format(PyExc_TypeError, "%.100s record takes exactly %zd positional arguments",
-                     rec->cls->tp_name, rec->n);
-        return NULL;
-    }
-    PyObject *obj = rec->cls->tp_alloc(rec->cls, 0);
-    if (obj == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        *(PyObject **)((char *)obj + rec->off[i]) = Py_NewRef(args[i]);
-    return obj;
-}
-
-static PyObject *Record_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *cls, *names;
-    static char *kwlist[] = {"cls", "fields", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:Record", kwlist, &cls, &PyTuple_Type,
-                                     &names))
-        return NULL;
-    Py_ssize_t off[SLOTS_MAX];
-    if (slots_layout(cls, names, off) < 0) return NULL;
-    Record *self = (Record *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    self->n = PyTuple_GET_SIZE(names);
-    memcpy(self->off, off, (size_t)self->n * sizeof(Py_ssize_t));
-    self->cls = (PyTypeObject *)Py_NewRef(cls);
-    self->vectorcall = Record_vectorcall;
-    return (PyObject *)self;
-}
-
-static void Record_dealloc(Record *self) {
-    Py_XDECREF(self->cls);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyTypeObject RecordType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.index._rank.Record",
-    .tp_doc = PyDoc_STR("Record(cls, fields): cls(*values) without running cls.__init__, for "
-                        "plain __slots__ records whose __init__ only assigns the fields."),
-    .tp_basicsize = sizeof(Record),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(Record, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_new = Record_new,
-    .tp_dealloc = (destructor)Record_dealloc,
+static PyMethodDef Bound_methods[] = {
+    {"rank", (PyCFunction)(void (*)(void))Bound_rank, METH_FASTCALL,
+     "rank(rows, chain) -> (scored, scores, credit) | None (run the Python reference)"},
+    {NULL, NULL, 0, NULL},
 };
 
-/* ---- the affinity seed of a packed chain (contract §5.9) ---- */
+static PyTypeObject BoundType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.index._rank.BoundRanker",
+    .tp_doc = PyDoc_STR("A Ranker bound to one lookup (Ranker.bind)."),
+    .tp_basicsize = sizeof(Bound),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Bound_dealloc,
+    .tp_methods = Bound_methods,
+};
+
+/* ---- the affinity seed of a packed chain (contract-and-index.md §5.9) ---- */
 
 /* concat(u32_be(8) || h) over the 8-byte hashes of `packed` (a trailing partial hash is
  * ignored): ranking._seed_of_packed. */
@@ -683,10 +667,10 @@ PyMODINIT_FUNC PyInit__rank(void) {
     if (!RK_EXACT_FLOATS) {
         PyErr_SetString(PyExc_ImportError,
                         "inferencecache.index._rank needs IEEE float/double without excess "
-                        "precision; the Python twin is used instead");
+                        "precision; the Python reference is used instead");
         return NULL;
     }
-    if (PyType_Ready(&RankerType) < 0 || PyType_Ready(&RecordType) < 0) return NULL;
+    if (PyType_Ready(&RankerType) < 0 || PyType_Ready(&BoundType) < 0) return NULL;
     if (s_empty == NULL) {
         s_stats_reported = PyUnicode_InternFromString("stats_reported");
         s_pressure = PyUnicode_InternFromString("pressure");
@@ -694,12 +678,18 @@ PyMODINIT_FUNC PyInit__rank(void) {
         s_zero = PyLong_FromLong(0);
         if (s_stats_reported == NULL || s_pressure == NULL || s_empty == NULL || s_zero == NULL)
             return NULL;
+        PyObject *model = PyImport_ImportModule("inferencecache.index.model");
+        if (model == NULL) return NULL;
+        score_type = PyObject_GetAttrString(model, "ReplicaScore");
+        Py_DECREF(model);
+        if (score_type == NULL) return NULL;
+        score_fast = ic_named_fast(score_type, 5);
     }
     PyObject *mod = PyModule_Create(&rk_module);
     if (mod == NULL) return NULL;
     PyObject *capsule = PyCapsule_New(&rank_capi, RANK_CAPI_NAME, NULL);
     if (capsule == NULL || PyModule_AddObjectRef(mod, "Ranker", (PyObject *)&RankerType) < 0 ||
-        PyModule_AddObjectRef(mod, "Record", (PyObject *)&RecordType) < 0 ||
+        PyModule_AddObjectRef(mod, "BoundRanker", (PyObject *)&BoundType) < 0 ||
         PyModule_AddObjectRef(mod, "_C_API", capsule) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(mod);

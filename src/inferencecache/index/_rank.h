@@ -1,7 +1,7 @@
 /*
  * C API of inferencecache.index._rank for the compiled store (_blockmap.c): lets
- * BlockMap.walk_ranked hand its runs to the ranker as plain C structs, so a chain lookup
- * creates no Run objects. Obtained with PyCapsule_Import(RANK_CAPI_NAME, 0).
+ * BlockMap.walk_ranked hand its runs to a compiled BoundRanker as plain C structs, so a chain
+ * lookup creates no Run objects. Obtained with PyCapsule_Import(RANK_CAPI_NAME, 0).
  */
 #ifndef INFERENCECACHE_RANK_H
 #define INFERENCECACHE_RANK_H
@@ -10,8 +10,7 @@
 #include <stdint.h>
 
 #define RANK_CAPI_NAME "inferencecache.index._rank._C_API"
-#define RANK_CAPI_ABI 1
-#define RANK_NARGS 9 /* Ranker.rank's arguments after (rows, chain) */
+#define RANK_CAPI_ABI 2
 
 /* One leading run of a chain walk: the fields of store.Run. */
 typedef struct {
@@ -24,12 +23,10 @@ typedef struct {
 
 typedef struct {
     int abi; /* RANK_CAPI_ABI */
-    PyTypeObject *ranker_type;
-    /* Ranker.rank(runs, True, *args) over `n` runs; args are the RANK_NARGS arguments after
-     * `chain`. Returns (scored, scores, credit), None (the caller runs the Python twin), or
-     * NULL with an exception set. */
-    PyObject *(*rank_runs)(PyObject *ranker, const RankRun *runs, Py_ssize_t n,
-                           PyObject *const *args);
+    PyTypeObject *bound_type;
+    /* bound.rank(runs, True) over `n` runs. Returns (scored, scores, credit), None (the caller
+     * runs the Python reference), or NULL with an exception set. */
+    PyObject *(*rank_runs)(PyObject *bound, const RankRun *runs, Py_ssize_t n);
 } RankCAPI;
 
 #endif

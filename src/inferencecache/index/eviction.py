@@ -1,4 +1,4 @@
-"""Removal policies (contract §6): TTL sweep, tenant quotas, the global hold cap.
+"""Removal policies (contract-and-index.md §6): TTL sweep, tenant quotas, the global hold cap.
 
 Orders are exact: each store returns its smallest candidates by the cheap leading sort fields
 plus every tie at the cut (``cap_candidates`` / ``quota_candidates``), and this module finishes
@@ -19,13 +19,14 @@ REASON_OVER_ENTRIES = "over_entries"
 
 
 def sweep(st: IndexState, now_us: int) -> None:
-    """§6.2: drop holds with ``now - last_seen >= ttl(tenant)`` and stats rows whose liveness
-    ``last_seen`` is as old. Probe-tenant holds are swept but not counted in the metric."""
+    """contract-and-index.md §6.2: drop holds with ``now - last_seen >= ttl(tenant)`` and stats rows
+    whose liveness ``last_seen`` is as old. Probe-tenant holds are swept but not counted in the
+    metric."""
     evicted: Counter[str] = Counter()
     policies = st.policies
     for part in list(st.parts.values()):
         pol = policies.get(part.tenant)
-        per_replica, keys_gone = part.store.sweep(now_us - pol.ttl_us)
+        per_replica, keys_gone = part.ops.sweep(now_us - pol.ttl_us)
         if per_replica:
             if not part.probe:
                 evicted[pol.algorithm] += sum(per_replica.values())
@@ -40,8 +41,9 @@ def sweep(st: IndexState, now_us: int) -> None:
 
 
 def enforce_quota(st: IndexState, tenant: str) -> None:
-    """§6.5: while the tenant has more distinct keys than its quota, delete whole keys, the key
-    whose newest hold is oldest first, ties by (model, scheme, adapter, hash)."""
+    """contract-and-index.md §6.5: while the tenant has more distinct keys than its quota, delete
+    whole keys, the key whose newest hold is oldest first, ties by (model, scheme, adapter,
+    hash)."""
     quota = st.policies.quotas.get(tenant)
     if quota is None:
         return
@@ -50,12 +52,12 @@ def enforce_quota(st: IndexState, tenant: str) -> None:
         return
     cands: list[tuple[int, str, str, str, bytes, Partition]] = []
     for part in st.parts_by_tenant.get(tenant, {}).values():
-        for newest, key in part.store.quota_candidates(excess):
+        for newest, key in part.ops.quota_candidates(excess):
             cands.append((newest, part.model, part.scheme, part.adapter, key, part))
     cands.sort(key=lambda c: c[:5])
     removed = 0
     for _, _, _, _, key, part in cands[:excess]:
-        replicas = part.store.remove_key(key)
+        replicas = part.ops.remove_key(key)
         if replicas:
             st.removed_per_replica(part, dict.fromkeys(replicas, 1), 1)
             removed += 1
@@ -70,7 +72,7 @@ _NO_TS = -(2**63)
 
 
 class CapPool:
-    """The next global-cap victims in exact §6.3 order, computed in batches.
+    """The next global-cap victims in exact contract-and-index.md §6.3 order, computed in batches.
 
     Finding the smallest holds scans every partition, so at a full index a scan per ingest would
     cost milliseconds per update. Instead one scan yields the ``k`` smallest holds in full order
@@ -107,7 +109,7 @@ def _build_pool(st: IndexState, k: int) -> CapPool | None:
         if part.probe:
             continue
         pol = policies.get(part.tenant)
-        for eff, ts, key, rid in part.store.cap_candidates(k, pol.lfu):
+        for eff, ts, key, rid in part.ops.cap_candidates(k, pol.lfu):
             cands.append(
                 (
                     eff,
@@ -139,8 +141,8 @@ def _still_there(part: Partition, key: bytes, rid: int, last_seen: int) -> bool:
 
 
 def enforce_cap(st: IndexState) -> None:
-    """§6.3: while non-probe holds exceed ``max_holds``, remove the smallest by (effective
-    count, last_seen, tenant, model, scheme, adapter, hash, replica_id)."""
+    """contract-and-index.md §6.3: while non-probe holds exceed ``max_holds``, remove the smallest
+    by (effective count, last_seen, tenant, model, scheme, adapter, hash, replica_id)."""
     max_holds = st.settings.max_holds
     if max_holds <= 0:
         return

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, TypeVarTuple
 
-from inferencecache.index import eviction, ingest
+from inferencecache.index import apply, eviction
 from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
 from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
-from inferencecache.index.policy import EffectivePolicy, IndexConfig, PolicyTable
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState
 from inferencecache.index.store import PartitionStore
+from inferencecache.index.tenant_config import EffectivePolicy, IndexConfig, PolicyTable
+
+_Ts = TypeVarTuple("_Ts")
+_T = TypeVar("_T")
 
 
 class HoldView(NamedTuple):
@@ -47,7 +50,7 @@ class StatsView(NamedTuple):
 
 
 class Index:
-    """The routing index (contract §3-§7). Every public method is atomic to lookups."""
+    """The routing index (contract-and-index.md §3-§7). Every public method is atomic to lookups."""
 
     def __init__(
         self,
@@ -77,7 +80,8 @@ class Index:
         return self._state.policies.config
 
     def replace_config(self, config: IndexConfig) -> None:
-        """Swap the whole per-tenant configuration (replace-on-write, §6.7)."""
+        """Swap the whole per-tenant configuration (replace-on-write,
+        contract-and-index.md §6.7)."""
         table = PolicyTable(config, self.settings.default_ttl_us)
         with self._lock:
             self._state.policies = table
@@ -85,26 +89,29 @@ class Index:
 
     def policy(self, tenant_id: str) -> EffectivePolicy:
         """The effective policy of a tenant (defaults when it has no entry)."""
-        return self._state.policies.get(tenant_id)
+        return self._state.policies.by_tenant[tenant_id]
+
+    def run_locked(self, fn: Callable[[IndexState, *_Ts], _T], *args: *_Ts) -> _T:
+        """``fn(state, *args)`` under the index lock: how the lookup pipeline (and any other
+        reader that must see one consistent index) reads the state. ``fn`` must not block, and
+        must not keep ``state`` beyond the call."""
+        with self._lock:
+            return fn(self._state, *args)
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def apply_update(self, update: UpdateLike | PackedUpdate) -> None:
-        """Apply one CacheStateUpdate (§4.2), then the tenant quota and the global cap. The
-        compact form of the server's wire parser (``PackedUpdate``) gives the same result."""
-        self._apply_update(update, allow_probe=False)
-
-    def apply_event(self, event: EventLike) -> None:
-        """Apply one CacheEvent (§4.4); a batched ``PREFIX_EVICTED`` (``prefix_hashes``)
-        applies every hash under this one lock."""
-        self._apply_event(event, allow_probe=False)
-
-    def _apply_update(self, update: UpdateLike | PackedUpdate, *, allow_probe: bool) -> None:
+    def apply_update(
+        self, update: UpdateLike | PackedUpdate, *, allow_probe: bool = False
+    ) -> None:
+        """Apply one CacheStateUpdate (contract-and-index.md §4.2), then the tenant quota and the
+        global cap. The compact form of the server's wire parser (``PackedUpdate``) gives the same
+        result. Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
+        ``/probe`` self-test)."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
             try:
-                if ingest.apply_update(st, update, now, allow_probe=allow_probe):
+                if apply.apply_update(st, update, now, allow_probe=allow_probe):
                     tenant = update.tenant_id
                     if tenant != PROBE_TENANT:
                         eviction.enforce_quota(st, tenant)
@@ -112,17 +119,20 @@ class Index:
             finally:
                 st.finish()
 
-    def _apply_event(self, event: EventLike, *, allow_probe: bool) -> None:
+    def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
+        """Apply one CacheEvent (contract-and-index.md §4.4); a batched ``PREFIX_EVICTED``
+        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` as in
+        ``apply_update``."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
             try:
-                ingest.apply_event(st, event, now, allow_probe=allow_probe)
+                apply.apply_event(st, event, now, allow_probe=allow_probe)
             finally:
                 st.finish()
 
     def sweep(self) -> None:
-        """TTL sweep (§6.2); the server calls it every ``sweep_interval``."""
+        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``."""
         now = self.clock.now_us()
         st = self._state
         with self._lock:
@@ -134,14 +144,14 @@ class Index:
     # -- reads ----------------------------------------------------------------------------
 
     def cache_state(self, tenant_id: str, model_id: str) -> CacheState:
-        """GetCacheState (§5.13)."""
+        """GetCacheState (contract-and-index.md §5.13)."""
         from inferencecache.index.snapshot import cache_state
 
         with self._lock:
             return cache_state(self._state, tenant_id, model_id)
 
     def snapshot(self) -> dict[str, object]:
-        """The ``/snapshot`` document (§9.3), JSON-ready."""
+        """The ``/snapshot`` document (contract-and-index.md §9.3), JSON-ready."""
         from inferencecache.index.snapshot import snapshot
 
         with self._lock:

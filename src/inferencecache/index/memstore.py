@@ -1,4 +1,11 @@
-"""The pure-Python ``PartitionStore``: reference twin of the compiled store, and its fallback.
+"""The pure-Python ``PartitionStore``: reference of the compiled store, and its fallback.
+
+It implements the operations every backend must (``store.PartitionStore``) and one capability,
+``upsert_many`` (the ingest path: ~3x the default's loop of ``upsert`` calls); the other batch
+and bulk operations, the ranked walk and the eviction candidates are the plain defaults of
+``store.py``, so the index suite, run once per backend, checks those defaults against the
+compiled store's own versions (``tests/index/test_store.py`` also runs a store with the required
+operations only).
 
 Layout, chosen for memory first: one dict ``key bytes -> holders``. Most keys have a single
 holder, so a single holder is stored inline as a 5-tuple ``(replica, tokens, last_seen, tier,
@@ -8,16 +15,15 @@ few locals while a single replica runs (the common case) and sums the request's 
 once at the end with C-level ``sum`` over a slice, so the per-block Python work is one slice,
 one dict probe and a couple of compares.
 
-The full-scan operations (``sweep``, ``cap_candidates``, ``quota_candidates``,
-``remove_replica``) are O(holds of the partition); the compiled store is the production path
-for large indexes.
+The full-scan operations (the defaults of ``sweep``, ``cap_candidates``, ``quota_candidates``,
+``remove_replica``, ``remove_key``) are O(holds of the partition); the compiled store is the
+production path for large indexes.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator, Sequence
-from typing import Any, Union
+from typing import Union
 
 from inferencecache.fingerprint import split_packed
 from inferencecache.index.store import (
@@ -27,7 +33,7 @@ from inferencecache.index.store import (
     NEW_KEY,
     Hold,
     Run,
-    RunRanker,
+    split_keys,
 )
 
 # holder forms: inline single holder, or replica -> (tokens, last_seen, tier, access)
@@ -43,11 +49,11 @@ run ends)."""
 
 def _split(packed: bytes) -> list[bytes]:
     """Packed 8-byte keys -> a list; a trailing partial key is ignored (as by the C store)."""
-    return split_packed(packed[: len(packed) - len(packed) % 8])
+    return list(split_keys(packed))
 
 
 def wrap32(x: int) -> int:
-    """Two's complement int32 wrap (contract §5.5 "Integers")."""
+    """Two's complement int32 wrap (contract-and-index.md §5.5 "Integers")."""
     return ((x + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
 
 
@@ -128,16 +134,6 @@ class MemStore:
         self._holds += new_holds
         return new_keys, new_holds
 
-    def walk_ranked(
-        self,
-        keys: Sequence[bytes] | bytes,
-        counts: Sequence[int],
-        fresh_after: int,
-        ranker: RunRanker,
-        rank_args: tuple[Any, ...],
-    ) -> Any:
-        return ranker.rank(self.walk(keys, counts, fresh_after), True, *rank_args)
-
     def credit(self, keys: Sequence[bytes] | bytes, blocks: int, replica: int) -> None:
         m = self._m
         if blocks <= 0:
@@ -173,88 +169,6 @@ class MemStore:
             ((r, h),) = v.items()
             m[key] = (r, h[0], h[1], h[2], h[3])
         return HOLD_REMOVED
-
-    def remove_holds(self, keys: Sequence[bytes] | bytes, replica: int) -> tuple[int, int]:
-        seq = _split(keys) if isinstance(keys, bytes) else keys
-        for key in seq:
-            if not isinstance(key, bytes):
-                raise TypeError(f"a key must be bytes, not {type(key).__name__}")
-        holds = gone = 0
-        remove = self.remove_hold
-        for key in seq:
-            bits = remove(key, replica)
-            if bits:
-                holds += 1
-                if bits & KEY_REMOVED:
-                    gone += 1
-        return holds, gone
-
-    def remove_replica(self, replica: int) -> tuple[int, int]:
-        m = self._m
-        holds = 0
-        gone: list[bytes] = []
-        shrink: list[tuple[bytes, _Single]] = []
-        for key, v in m.items():
-            if isinstance(v, tuple):
-                if v[0] == replica:
-                    gone.append(key)
-            else:
-                if replica in v:
-                    del v[replica]
-                    holds += 1
-                    if len(v) == 1:
-                        ((r, h),) = v.items()
-                        shrink.append((key, (r, h[0], h[1], h[2], h[3])))
-        for key in gone:
-            del m[key]
-        for key, single in shrink:
-            m[key] = single
-        holds += len(gone)
-        self._holds -= holds
-        return holds, len(gone)
-
-    def remove_key(self, key: bytes) -> list[int]:
-        v = self._m.pop(key, None)
-        if v is None:
-            return []
-        if isinstance(v, tuple):
-            self._holds -= 1
-            return [v[0]]
-        self._holds -= len(v)
-        return list(v)
-
-    def sweep(self, stale_at_or_before: int) -> tuple[dict[int, int], int]:
-        m = self._m
-        per_replica: dict[int, int] = {}
-        gone: list[bytes] = []
-        replace: list[tuple[bytes, _Holders]] = []
-        for key, v in m.items():
-            if isinstance(v, tuple):
-                if v[2] <= stale_at_or_before:
-                    gone.append(key)
-                    r = v[0]
-                    per_replica[r] = per_replica.get(r, 0) + 1
-                continue
-            stale = [r for r, h in v.items() if h[1] <= stale_at_or_before]
-            if not stale:
-                continue
-            for r in stale:
-                per_replica[r] = per_replica.get(r, 0) + 1
-            if len(stale) == len(v):
-                gone.append(key)
-                continue
-            keep = {r: h for r, h in v.items() if h[1] > stale_at_or_before}
-            if len(keep) == 1:
-                ((r, h),) = keep.items()
-                replace.append((key, (r, h[0], h[1], h[2], h[3])))
-            else:
-                replace.append((key, keep))
-        for key in gone:
-            del m[key]
-        for key, holders in replace:
-            m[key] = holders
-        self._holds -= sum(per_replica.values())
-        return per_replica, len(gone)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -365,56 +279,6 @@ class MemStore:
                 tokens = wrap32(sum(counts[:blocks]))
                 sums[blocks] = tokens
             out.append(Run(r, tokens, oldest, tier, blocks))
-        return out
-
-    def cap_candidates(self, k: int, lfu: bool) -> list[tuple[int, int, bytes, int]]:
-        if k <= 0:
-            return []
-
-        def all_holds() -> Iterator[tuple[int, int, bytes, int]]:
-            for key, v in self._m.items():
-                if isinstance(v, tuple):
-                    yield (v[4] if lfu else 0), v[2], key, v[0]
-                else:
-                    for r, h in v.items():
-                        yield (h[3] if lfu else 0), h[1], key, r
-
-        if self._holds <= k:
-            return list(all_holds())
-        best = heapq.nsmallest(k, all_holds(), key=lambda c: (c[0], c[1]))
-        edge = (best[-1][0], best[-1][1])
-        return [c for c in all_holds() if (c[0], c[1]) <= edge]
-
-    def quota_candidates(self, k: int) -> list[tuple[int, bytes]]:
-        if k <= 0:
-            return []
-
-        def newest() -> Iterator[tuple[int, bytes]]:
-            for key, v in self._m.items():
-                if isinstance(v, tuple):
-                    yield v[2], key
-                else:
-                    yield max(h[1] for h in v.values()), key
-
-        if len(self._m) <= k:
-            return list(newest())
-        best = heapq.nsmallest(k, newest(), key=lambda c: c[0])
-        edge = best[-1][0]
-        return [c for c in newest() if c[0] <= edge]
-
-    def replica_summary(self) -> dict[int, tuple[int, int]]:
-        out: dict[int, tuple[int, int]] = {}
-        for v in self._m.values():
-            if isinstance(v, tuple):
-                items: Iterator[tuple[int, int]] = iter(((v[0], v[2]),))
-            else:
-                items = ((r, h[1]) for r, h in v.items())
-            for r, ts in items:
-                cur = out.get(r)
-                if cur is None:
-                    out[r] = (1, ts)
-                else:
-                    out[r] = (cur[0] + 1, ts if ts > cur[1] else cur[1])
         return out
 
     def holds(self) -> Iterator[Hold]:

@@ -1,4 +1,5 @@
-"""The index's metric sink (contract §9.1), injected so the index stays free of prometheus.
+"""The index's metric sink (contract-and-index.md §9.1), injected so the index stays free of
+prometheus.
 
 The server binds these calls to its registry (``inferencecache_index_evictions_total`` etc.);
 tests use ``RecordingMetrics``. Calls happen under the index lock at the end of an operation, so

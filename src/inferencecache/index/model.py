@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 PROBE_TENANT = "inferencecache.io/probe"
-"""Reserved tenant of the self-test probe: acked, never indexed visibly (contract §2.5)."""
+"""Reserved tenant of the self-test probe: acked, never indexed visibly
+(contract-and-index.md §2.5)."""
 
 MAX_TOKENS = 1_048_576
 """Upper bound on request tokens (token_ids, tokenizer output) and prompt_text UTF-8 bytes."""
@@ -35,7 +36,7 @@ class EventType(IntEnum):
 
 
 class Reason:
-    """LookupRoute reason codes (a string on the wire, contract §5.12)."""
+    """LookupRoute reason codes (a string on the wire, contract-and-index.md §5.12)."""
 
     PREFIX_MATCH = "PREFIX_MATCH"
     TENANT_HOT = "TENANT_HOT"
@@ -174,7 +175,7 @@ class LegacyRun:
 
     ``hashes`` is the entries' prefix hashes concatenated (8 bytes each, wire order) and
     ``token_counts[i]`` entry i's ``token_count`` (int32). Applying a run equals applying its
-    entries one by one (contract §4.2), with one store call.
+    entries one by one (contract-and-index.md §4.2), with one store call.
     """
 
     hashes: bytes
@@ -185,7 +186,7 @@ class LegacyRun:
 
 @dataclass(slots=True)
 class PackedUpdate:
-    """A CacheStateUpdate in the compact form of the server's wire parser (``ingestwire``).
+    """A CacheStateUpdate in the compact form of the server's wire parser (``updatewire``).
 
     ``entries`` holds the ``PrefixEntry`` list in wire order, runs of legacy entries as
     ``LegacyRun`` and any other entry as a ``PrefixLike``. Everything else is as in ``Update``.
@@ -207,7 +208,7 @@ class PackedUpdate:
 
 @dataclass(slots=True)
 class LookupRequest:
-    """One LookupRoute request as the pipeline sees it (contract §5.1-§5.2).
+    """One LookupRoute request as the pipeline sees it (contract-and-index.md §5.1-§5.2).
 
     ``block_hashes`` is a sequence of bytes, or one ``bytes`` of concatenated 8-byte hashes when
     ``packed_hashes`` is True (the server's fast path). ``token_ids`` is a sequence of ints, or
@@ -232,8 +233,10 @@ class LookupRequest:
     deadline: float | None = None
 
 
-@dataclass(slots=True)
-class ReplicaScore:
+class ReplicaScore(NamedTuple):
+    """One ranked replica of a LookupRoute answer (the contract's ``ReplicaScore``). A named
+    tuple: the compiled ranker builds one per returned replica through the tuple API."""
+
     replica_id: str
     score: float = 0.0
     matched_tokens: int = 0
@@ -252,7 +255,8 @@ class LookupResult:
 
 @dataclass(slots=True)
 class ReplicaStatsRow:
-    """One stats row of GetCacheState (contract §5.13); ``client_version`` is always empty."""
+    """One stats row of GetCacheState (contract-and-index.md §5.13); ``client_version`` is always
+    empty."""
 
     replica_id: str
     cache_memory_bytes: int = 0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from inferencecache import accelerators
 
-if accelerators.pure_python_forced():
+if accelerators.pure_python_forced("index._blockmap"):
     raise ImportError("inferencecache.index.nativestore is disabled by INFERENCECACHE_PURE_PYTHON")
 
 from inferencecache.index._blockmap import BlockMap

@@ -1,4 +1,5 @@
-"""The ``/probe`` self-test (contract §9.5): ingest, find and route one synthetic block in process.
+"""The ``/probe`` self-test (contract-and-index.md §9.5): ingest, find and route one synthetic block
+in process.
 
 The server's HTTP handler calls ``Prober.run(body)``: a ``ProbeRequestError`` means 400, else
 the returned dict is the JSON reply. Probes of one ``(backend, model)`` are serialised (they
@@ -13,12 +14,14 @@ import hashlib
 import json
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferencecache.index.facade import Index
 from inferencecache.index.model import PROBE_TENANT, Event, EventType, Prefix, Reason, Stats, Update
-from inferencecache.index.route import _orchestrate, rankers
+from inferencecache.index.orchestrate import orchestrate
+from inferencecache.index.ranking import Rankers, RankSettings
+from inferencecache.index.state import IndexState
 
 MAX_PROBE_BODY = 4096
 PROBE_BLOCK_TOKENS = 16
@@ -97,7 +100,7 @@ class Prober:
 
     def __init__(self, index: Index) -> None:
         self._index = index
-        self._rankers = rankers()
+        self._names = index.run_locked(lambda st: st.replicas.names)
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[threading.Lock, int]] = {}
 
@@ -137,7 +140,7 @@ class Prober:
         )
         try:
             try:
-                index._apply_update(update, allow_probe=True)
+                index.apply_update(update, allow_probe=True)
                 if self._found(req, replica, h):
                     stages["ingest"] = OK
                 else:
@@ -164,7 +167,7 @@ class Prober:
                     stages["routing"] = FAILED
                     errors.append({"stage": "routing", "message": f"{type(e).__name__}: {e}"})
         finally:
-            index._apply_event(
+            index.apply_event(
                 Event(
                     type=EventType.ALL_CLEARED,
                     replica_id=replica,
@@ -179,38 +182,26 @@ class Prober:
         return reply
 
     def _found(self, req: ProbeRequest, replica: str, h: bytes) -> bool:
-        index = self._index
-        st = index._state
-        with index._lock:
+        now_us = self._index.clock.now_us()
+
+        def found(st: IndexState) -> bool:
             rid = st.replicas.get(replica)
             part = st.parts.get((PROBE_TENANT, req.model, req.hash_scheme, ""))
             if rid is None or part is None:
                 return False
-            fresh_after = index.clock.now_us() - st.policies.get(PROBE_TENANT).ttl_us
+            fresh_after = now_us - st.policies.get(PROBE_TENANT).ttl_us
             return any(r == rid for r, *_ in part.store.holders(h, fresh_after))
+
+        return self._index.run_locked(found)
 
     def _routed(self, req: ProbeRequest, replica: str, h: bytes) -> bool:
         index = self._index
-        st = index._state
-        with index._lock:
-            pol = st.policies.get(PROBE_TENANT)
-            strategy, rows, _, _ = _orchestrate(
-                st,
-                self._rankers,
-                st.replicas.names,
-                index.settings,
-                PROBE_TENANT,
-                req.model,
-                req.hash_scheme,
-                "",
-                [h],
-                [PROBE_BLOCK_TOKENS],
-                h,
-                index.clock.now_us(),
-                pol.ttl_us,
-                index.settings.pressure_weight,
-                0.0,
-                0,
-                False,
-            )
+        # the probe tenant's TTL; no G1 floor and no LFU credit for the synthetic block
+        ranking = RankSettings.of(index.settings, index.policy(PROBE_TENANT))
+        rankers = Rankers(self._names, replace(ranking, min_matched=0, credit=False))
+        key = (PROBE_TENANT, req.model, req.hash_scheme, "")
+        strategy, rows, _, _ = index.run_locked(
+            orchestrate, rankers, index.settings, key, [h], [PROBE_BLOCK_TOKENS], h,
+            index.clock.now_us(), 0,
+        )  # fmt: skip
         return strategy == Reason.PREFIX_MATCH and any(r.replica_id == replica for r in rows)

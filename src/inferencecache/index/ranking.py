@@ -1,4 +1,5 @@
-"""Scores, DP, TENANT_HOT candidates, the miss classifier, gates and affinity (contract §5.4-§5.9).
+"""Scores, DP, TENANT_HOT candidates, the miss classifier, gates and affinity
+(contract-and-index.md §5.4-§5.9).
 
 Scores follow the reference's float32 arithmetic: freshness and the other factors are computed
 in float64, narrowed to float32, and multiplied left to right as written with a float32
@@ -12,13 +13,15 @@ import hashlib
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 from inferencecache import accelerators
-from inferencecache.index.ingest import f32, report_tier
+from inferencecache.index.apply import f32, report_tier
 from inferencecache.index.model import Reason, ReplicaScore
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.state import IndexState, StatsRow
+from inferencecache.index.tenant_config import EffectivePolicy
 
 if TYPE_CHECKING:
     from inferencecache.index import _rank
@@ -56,7 +59,7 @@ class Row:
 
 
 def freshness(age_us: int, ttl_us: int) -> float:
-    """§5.4: 1 at age <= 0, 0 at age >= ttl, linear between (float64)."""
+    """contract-and-index.md §5.4: 1 at age <= 0, 0 at age >= ttl, linear between (float64)."""
     if age_us <= 0:
         return 1.0
     if age_us >= ttl_us:
@@ -65,7 +68,8 @@ def freshness(age_us: int, ttl_us: int) -> float:
 
 
 def dp_factor(match: int, total: int) -> float:
-    """§5.4 DP: 1 if total <= 1 or match < 0; 0 if match >= total; else 1 - match/total."""
+    """contract-and-index.md §5.4 DP: 1 if total <= 1 or match < 0; 0 if match >= total; else 1 -
+    match/total."""
     if total <= 1 or match < 0:
         return 1.0
     if match >= total:
@@ -95,7 +99,8 @@ def _pressure_factor(weight: float, pressure: float) -> float:
 
 
 def prefix_match_score(matched: int, f: float, pf: float, slo: float, dp: float) -> float:
-    """``matched * f * pressure_factor * (1 + f*slo) * DP`` in float32 (§5.4)."""
+    """``matched * f * pressure_factor * (1 + f*slo) * DP`` in float32
+    (contract-and-index.md §5.4)."""
     s = f32(f32(float(matched)) * f) if f != 1.0 else f32(float(matched))
     if pf != 1.0:
         s = f32(s * pf)
@@ -107,7 +112,8 @@ def prefix_match_score(matched: int, f: float, pf: float, slo: float, dp: float)
 
 
 def tenant_hot_score(hit_rate: float, recency: float, pf: float, slo: float) -> float:
-    """``hit_rate * recency * pressure_factor * (1 + recency*slo)`` in float32 (§5.4)."""
+    """``hit_rate * recency * pressure_factor * (1 + recency*slo)`` in float32
+    (contract-and-index.md §5.4)."""
     s = f32(hit_rate * recency)
     if pf != 1.0:
         s = f32(s * pf)
@@ -145,38 +151,93 @@ def chain_dp(rows: list[Row], total: int) -> list[float]:
     return [dp_factor(n - bisect_left(matched, r.matched), total) for r in rows]
 
 
-class PyRanker:
-    """The PREFIX_MATCH scoring step (§5.4, §5.5, G1 of §5.8) in Python: the reference twin of
-    the compiled ``_rank.Ranker`` and its fallback (the compiled one returns None for inputs it
-    does not mirror exactly, and the caller then runs this).
+@dataclass(frozen=True, slots=True, eq=False)
+class RankSettings:
+    """Every knob the PREFIX_MATCH scoring step reads: the server's settings and one tenant's
+    policy, resolved once per policy (``RankSettings.of``) and handed to a ranker when it is
+    built, so a lookup passes only its own facts. A new scoring knob is one field here, one
+    line in ``of``, its use in ``PyRanker`` and in ``_rank.c`` (docs/development.md).
 
-    ``rank(rows, chain, names, now_us, ttl_us, total, stats, pressure_weight, slo, min_matched,
-    want_credit) -> (scored, scores, credit)``: ``rows`` is the store's answer (``walk`` Runs
-    when ``chain``, else ``holders`` tuples), ``names`` the replica id -> name list, ``total``
-    the DP denominator, ``stats`` the ``(tenant, model)`` stats rows or None. Returns the number
-    of scored rows before G1, the ranked ``score_type`` objects that pass G1 (``min_matched``),
-    and when ``want_credit`` the ``(replica id, blocks)`` of each for the LFU credit.
+    Identity equality (``eq=False``): a ranker cache is keyed by the object.
     """
 
-    __slots__ = ("_cls",)
+    ttl_us: int  # the tenant's TTL: freshness is 0 at this age (contract-and-index.md §5.4)
+    pressure_weight: float  # pressure_factor = 1 - weight * pressure (contract-and-index.md §5.4)
+    slo_tight_ttft_ms: int  # a request with 0 < ttft_ms < this gets the SLO bias
+    slo_bias: float  # the float32 SLO bias, 0.0 when the bias is off
+    min_matched: int  # G1 (contract-and-index.md §5.8): fewer matched tokens are cut; 0 = off
+    credit: bool  # return the LFU credit list (LFU tenants, contract-and-index.md §5.10)
 
-    def __init__(self, score_type: type[ReplicaScore]) -> None:
-        self._cls = score_type
+    @classmethod
+    def of(cls, settings: IndexSettings, policy: EffectivePolicy) -> RankSettings:
+        tight, bias = settings.slo_tight_ttft_ms, settings.slo_tight_bias
+        return cls(
+            ttl_us=policy.ttl_us,
+            pressure_weight=settings.pressure_weight,
+            slo_tight_ttft_ms=tight,
+            slo_bias=f32(bias) if tight > 0 and bias > 0 else 0.0,
+            min_matched=policy.minimum_matched_tokens,
+            credit=policy.lfu,
+        )
 
-    def rank(
+    def slo(self, ttft_ms: int) -> float:
+        """The SLO coefficient of a request (``slo_coeff``)."""
+        return self.slo_bias if 0 < ttft_ms < self.slo_tight_ttft_ms else 0.0
+
+
+Ranked = tuple[int, list[ReplicaScore], list[tuple[int, int]] | None]
+"""(rows scored before G1, ranked scores passing G1, (replica id, blocks) to credit or None)."""
+
+
+class PyRanker:
+    """The PREFIX_MATCH scoring step (contract-and-index.md §5.4, §5.5, G1 of §5.8) in Python: the
+    reference of the compiled ``_rank.Ranker`` and its fallback (the compiled one returns None for
+    inputs it does not mirror exactly, and the caller then runs this).
+
+    ``PyRanker(names, settings)``: ``names`` is the index's replica id -> name list (read at
+    each call), ``settings`` the policy's ``RankSettings``. ``bind(now_us, total, stats,
+    ttft_ms)`` gives the ranker of one lookup (``total``: the DP denominator, ``stats``: the
+    ``(tenant, model)`` stats rows or None); its ``rank(rows, chain)`` takes the store's answer
+    (``walk`` Runs when ``chain``, else ``holders`` tuples) and returns ``Ranked``: the number
+    of scored rows before G1, the ranked ``ReplicaScore`` objects that pass G1, and when
+    ``settings.credit`` the ``(replica id, blocks)`` of each for the LFU credit.
+    """
+
+    __slots__ = ("names", "settings")
+
+    def __init__(self, names: Sequence[str | None], settings: RankSettings) -> None:
+        self.names = names
+        self.settings = settings
+
+    def bind(
+        self, now_us: int, total: int, stats: dict[int, StatsRow] | None, ttft_ms: int
+    ) -> PyBoundRanker:
+        return PyBoundRanker(self, now_us, total, stats, ttft_ms)
+
+
+class PyBoundRanker:
+    """``PyRanker`` bound to one lookup's facts (see there)."""
+
+    __slots__ = ("now_us", "ranker", "stats", "total", "ttft_ms")
+
+    def __init__(
         self,
-        rows: Sequence[tuple[int, ...]],
-        chain: bool,
-        names: Sequence[str | None],
+        ranker: PyRanker,
         now_us: int,
-        ttl_us: int,
         total: int,
         stats: dict[int, StatsRow] | None,
-        pressure_weight: float,
-        slo: float,
-        min_matched: int,
-        want_credit: bool,
-    ) -> tuple[int, list[ReplicaScore], list[tuple[int, int]] | None]:
+        ttft_ms: int,
+    ) -> None:
+        self.ranker = ranker
+        self.now_us = now_us
+        self.total = total
+        self.stats = stats
+        self.ttft_ms = ttft_ms
+
+    def rank(self, rows: Sequence[tuple[int, ...]], chain: bool) -> Ranked:
+        cfg = self.ranker.settings
+        names = self.ranker.names
+        now_us, ttl_us, total = self.now_us, cfg.ttl_us, self.total
         fresh_after = now_us - ttl_us
         out: list[Row] = []
         if chain:
@@ -197,16 +258,17 @@ class PyRanker:
                 blocks = 1 if tokens > 0 else 0
                 out.append(Row(0.0, names[rid] or "", tokens, f, report_tier(tier), rid, blocks))
             dps = [dp] * len(out)
+        slo = cfg.slo(self.ttft_ms)
         for row, dp in zip(out, dps, strict=True):
-            pf = _pressure_factor(pressure_weight, fresh_pressure(stats, row.rid, fresh_after))
+            pressure = fresh_pressure(self.stats, row.rid, fresh_after)
+            pf = _pressure_factor(cfg.pressure_weight, pressure)
             row.score = prefix_match_score(row.matched, row.prob, pf, slo, dp)
         rank(out)
         scored = len(out)
-        if min_matched > 0:
-            out = [r for r in out if r.matched >= min_matched]
-        cls = self._cls
-        scores = [cls(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in out]
-        credit = [(r.rid, r.blocks) for r in out] if want_credit else None
+        if cfg.min_matched > 0:
+            out = [r for r in out if r.matched >= cfg.min_matched]
+        scores = [ReplicaScore(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in out]
+        credit = [(r.rid, r.blocks) for r in out] if cfg.credit else None
         return scored, scores, credit
 
 
@@ -219,7 +281,8 @@ def tenant_hot(
     now_us: int,
     slo: float,
 ) -> list[Row]:
-    """§5.6 candidates (exact path after a miss): warm stats rows of replicas serving the scope."""
+    """contract-and-index.md §5.6 candidates (exact path after a miss): warm stats rows of replicas
+    serving the scope."""
     max_age = settings.tenant_hot_max_age_us
     if max_age <= 0:
         return []
@@ -246,7 +309,8 @@ def tenant_hot(
 
 
 def classify(st: IndexState, tenant: str, model: str, scheme: str) -> str | None:
-    """§5.7 miss classifier; None = StrategyNone (cold start or novel prefix)."""
+    """contract-and-index.md §5.7 miss classifier; None = StrategyNone (cold start or novel
+    prefix)."""
     if st.total_keys == 0:
         return None
     if not st.keys_by_tenant.get(tenant):
@@ -272,7 +336,7 @@ def _seed_of_packed(packed: bytes) -> bytes:
 
 
 def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
-    """§5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
+    """contract-and-index.md §5.9 seed of a resolved chain: ``concat(u32_be(len(h)) || h)``."""
     if isinstance(keys, bytes):
         return _packed_seed(keys)
     if set(map(len, keys)) == {8}:
@@ -281,14 +345,65 @@ def chain_seed(keys: Sequence[bytes] | bytes) -> bytes:
 
 
 def affinity_pick(seed: bytes, replicas_sorted: Sequence[str]) -> str:
-    """§5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
+    """contract-and-index.md §5.9: ``replicas[uint64_be(SHA256(seed)[0:8]) mod len(replicas)]``."""
     head = hashlib.sha256(seed).digest()[:8]
     return replicas_sorted[int.from_bytes(head, "big") % len(replicas_sorted)]
 
 
+class Rankers:
+    """The scoring step of one policy: the compiled ranker when built (else the twin) and the
+    twin that runs whatever the compiled one declines (counted in ``accelerators.FALLBACKS``).
+    Built once per policy (``RankerCache``), never per lookup."""
+
+    __slots__ = ("ranker", "settings", "twin")
+
+    def __init__(self, names: Sequence[str | None], settings: RankSettings) -> None:
+        self.settings = settings
+        self.twin = PyRanker(names, settings)
+        self.ranker: RankerLike = (
+            CompiledRanker(names, settings) if CompiledRanker is not None else self.twin
+        )
+
+    def bind(
+        self, now_us: int, total: int, stats: dict[int, StatsRow] | None, ttft_ms: int
+    ) -> tuple[BoundRankerLike, PyBoundRanker]:
+        """(ranker, twin) of one lookup."""
+        return (
+            self.ranker.bind(now_us, total, stats, ttft_ms),
+            self.twin.bind(now_us, total, stats, ttft_ms),
+        )
+
+
+class RankerCache:
+    """``Rankers`` per policy, built on first use. Keyed by the policy object: a replaced
+    configuration brings new ``EffectivePolicy`` objects, and the old entries are dropped
+    when the cache grows past ``limit``. Safe to share between threads (a race builds twice)."""
+
+    __slots__ = ("_by_policy", "_limit", "_names", "_settings")
+
+    def __init__(
+        self, names: Sequence[str | None], settings: IndexSettings, limit: int = 4096
+    ) -> None:
+        self._names = names
+        self._settings = settings
+        self._limit = limit
+        self._by_policy: dict[int, tuple[EffectivePolicy, Rankers]] = {}
+
+    def get(self, policy: EffectivePolicy) -> Rankers:
+        hit = self._by_policy.get(id(policy))
+        if hit is not None and hit[0] is policy:
+            return hit[1]
+        rankers = Rankers(self._names, RankSettings.of(self._settings, policy))
+        if len(self._by_policy) >= self._limit:
+            self._by_policy.clear()
+        self._by_policy[id(policy)] = (policy, rankers)  # pins the policy: ids stay unique
+        return rankers
+
+
 RankerLike: TypeAlias = "_rank.Ranker | PyRanker"
-"""``PyRanker`` or the compiled ``_rank.Ranker`` (same ``rank`` signature, see ``_rank.pyi``),
-whose ``rank`` may return None (run the twin)."""
+"""``PyRanker`` or the compiled ``_rank.Ranker`` (same API, see ``_rank.pyi``)."""
+BoundRankerLike: TypeAlias = "_rank.BoundRanker | PyBoundRanker"
+"""A ranker bound to one lookup; the compiled one's ``rank`` may return None (run the twin)."""
 
 _COMPILED = accelerators.load("inferencecache.index._rank")
 CompiledRanker: type[_rank.Ranker] | None = _COMPILED.Ranker if _COMPILED is not None else None
@@ -297,15 +412,3 @@ RANKER_IMPLEMENTATION = "native" if _COMPILED is not None else "python"
 _packed_seed: Callable[[bytes], bytes] = (
     _COMPILED.packed_seed if _COMPILED is not None else _seed_of_packed
 )
-
-_T = TypeVar("_T")
-
-
-def record_maker(cls: type[_T], fields: tuple[str, ...]) -> Callable[..., _T]:
-    """A positional constructor of ``cls`` (a dataclass with ``slots=True`` whose ``__init__``
-    only assigns ``fields``, in that order): the compiled ``_rank.Record`` fills the slots
-    without running ``__init__`` (~0.05 µs instead of ~0.3 µs); else ``cls`` itself."""
-    if _COMPILED is None:
-        return cls
-    maker: Callable[..., _T] = _COMPILED.Record(cls, fields)
-    return maker

@@ -1,4 +1,4 @@
-"""Server knobs of the index (contract §5.4) and this project's size bounds (§4.2).
+"""Server knobs of the index (contract-and-index.md §5.4) and this project's size bounds (§4.2).
 
 Values are clamped the way the contract says (``DEFAULT_TTL``/``SWEEP_INTERVAL`` <= 0 take the
 default, ``ENGINE_BLOCK_SIZE`` <= 0 is ignored) instead of being rejected, so a server started
@@ -22,9 +22,11 @@ MAX_ENTRIES_PER_UPDATE = 65_536
 MAX_HASH_BYTES = 256
 """Length of one stored key (``prefix_hash`` or a block hash); longer entries are dropped."""
 TOKENIZE_SLOTS = 64
-"""Concurrent prompt_text tokenizations (non-blocking acquire; contract §5.2 step 4)."""
+"""Concurrent prompt_text tokenizations (non-blocking acquire; contract-and-index.md §5.2 step
+4)."""
 PROMPT_DEADLINE_S = 5.0
-"""Deadline of a prompt_text lookup when neither the caller nor the policy sets one (§5.1)."""
+"""Deadline of a prompt_text lookup when neither the caller nor the policy sets one
+(contract-and-index.md §5.1)."""
 
 
 @dataclass(frozen=True, slots=True)

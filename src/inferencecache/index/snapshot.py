@@ -1,4 +1,5 @@
-"""Read-only aggregates: the ``/snapshot`` document (contract §9.3) and GetCacheState (§5.13).
+"""Read-only aggregates: the ``/snapshot`` document and GetCacheState
+(contract-and-index.md §9.3, §5.13).
 
 Timestamps are rendered like Go's ``time.Time`` JSON (RFC 3339 in UTC, fractional seconds with
 trailing zeros trimmed, ``0001-01-01T00:00:00Z`` for "never"). Float32 stats values are emitted
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from inferencecache.index.ingest import f32
+from inferencecache.index.apply import f32
 from inferencecache.index.model import PROBE_TENANT, CacheState, ReplicaStatsRow
 from inferencecache.index.state import IndexState, StatsRow
 
@@ -78,7 +79,8 @@ class _ReplicaAgg:
 
 
 def snapshot(st: IndexState) -> dict[str, object]:
-    """The ``/snapshot`` document (§9.3), probe tenant excluded, lists sorted, ``[]`` if empty."""
+    """The ``/snapshot`` document (contract-and-index.md §9.3), probe tenant excluded, lists sorted,
+    ``[]`` if empty."""
     names = st.replicas.names
     agg: dict[tuple[str, int], _ReplicaAgg] = {}
     # stats: per (tenant, replica) the row with the latest liveness across models (ties: the
@@ -96,7 +98,7 @@ def snapshot(st: IndexState) -> dict[str, object]:
     for part in st.parts.values():
         if part.probe:
             continue
-        for rid, (holds, newest) in part.store.replica_summary().items():
+        for rid, (holds, newest) in part.ops.replica_summary().items():
             a = agg.get((part.tenant, rid))
             if a is None:
                 a = agg[(part.tenant, rid)] = _ReplicaAgg()

@@ -1,4 +1,4 @@
-"""The index state (contract §3): partitions of holds, the secondary views, stats rows.
+"""The index state (contract-and-index.md §3): partitions of holds, the secondary views, stats rows.
 
 Holds live in one ``PartitionStore`` per ``(tenant, model, hash_scheme, adapter)``; everything
 else here is small and derived. Every mutation of a store goes through the view-maintenance
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from inferencecache.index.keys import IdPool, Interner
 from inferencecache.index.metrics import IndexMetrics
 from inferencecache.index.model import PROBE_TENANT
-from inferencecache.index.policy import PolicyTable
 from inferencecache.index.settings import IndexSettings
-from inferencecache.index.store import PartitionStore
+from inferencecache.index.store import PartitionOps, PartitionStore
+from inferencecache.index.tenant_config import PolicyTable
 
 if TYPE_CHECKING:
     from inferencecache.index.eviction import CapPool
@@ -45,6 +45,7 @@ class Partition:
         "adapter",
         "key",
         "model",
+        "ops",
         "pid",
         "probe",
         "scheme",
@@ -62,13 +63,13 @@ class Partition:
         self.scope: Scope = (self.tenant, self.model, self.scheme)
         self.probe = self.tenant == PROBE_TENANT
         self.store = store
-
+        self.ops = PartitionOps(store)  # the optional capabilities, bound once
     def __repr__(self) -> str:
         return f"Partition({self.pid}, {self.key!r})"
 
 
 class StatsRow:
-    """One ``(tenant, model, replica)`` stats row; times in µs (contract §3)."""
+    """One ``(tenant, model, replica)`` stats row; times in µs (contract-and-index.md §3)."""
 
     __slots__ = (
         "cache_memory_bytes",

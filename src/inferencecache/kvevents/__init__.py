@@ -2,7 +2,8 @@
 (encode), owned by neither.
 
 * :mod:`.events` - the decoded, validated event model the subscriber consumes;
-* :mod:`.decode` - a tolerant decoder for every vLLM / SGLang release line (spec §2, §3.3);
+* :mod:`.decode` - a tolerant decoder for every vLLM / SGLang release line
+  (engine-events-and-subscriber.md §2, §3.3);
 * :mod:`.encode` - writers of the exact wire shape of a chosen release (fake engines, tests);
 * :mod:`.hashes` - engine block-hash normalisation (the reverse-map key);
 * :mod:`.framing` - ZeroMQ 3-frame messages and the two replay request/reply generations.

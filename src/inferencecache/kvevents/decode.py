@@ -1,14 +1,16 @@
-"""Tolerant decoder for engine ``EventBatch`` payloads (subscriber spec §2.2-§2.5, §3.3).
+"""Tolerant decoder for engine ``EventBatch`` payloads
+(engine-events-and-subscriber.md §2.2-§2.5, §3.3).
 
 One batch is atomic: any error rejects the whole batch with a short ``reason`` (a metric label)
 and nothing of it is applied. What is accepted:
 
-* envelope: an array ``[ts, events, ...]`` of length ≥ 2 (extra slots ignored) or a map with
-  ``ts`` and ``events``; ``ts`` an int or float (never nil or bool);
+* envelope: an array ``[ts, events, ...]`` of length ≥ 2 (extra slots ignored) or a map with ``ts``
+  and ``events``; ``ts`` an int or float (never nil or bool);
 * events: tagged arrays (vLLM ≤ 0.23, SGLang ≤ 0.5.19) and tagged maps (vLLM ≥ 0.24, SGLang ≥
-  0.5.20), chosen per event; unknown map keys and extra trailing slots are ignored, unknown tags
-  are skipped;
-* the field rules of §3.3 (exact msgpack int types: ``bool`` is never an int, floats never are).
+  0.5.20), chosen per event; unknown map keys and extra trailing slots are ignored, unknown tags are
+  skipped;
+* the field rules of engine-events-and-subscriber.md §3.3 (exact msgpack int types: ``bool`` is
+  never an int, floats never are).
 
 Two implementations with identical results: :func:`decode_untyped` is the reference (untyped
 msgpack, then explicit checks; handles every shape) and :class:`BatchDecoder` first tries
@@ -79,7 +81,8 @@ class BatchRejected(ValueError):
 
 
 def _check_block_size(block_size: int, has_tokens: bool, medium: str | None) -> None:
-    """``[1, 2^31)``, or 0 for a connector placeholder (no tokens, non-GPU medium, §2.4)."""
+    """``[1, 2^31)``, or 0 for a connector placeholder (no tokens, non-GPU medium,
+    engine-events-and-subscriber.md §2.4)."""
     if 1 <= block_size < BLOCK_SIZE_LIMIT:
         return
     if block_size == 0 and not has_tokens and normalize_medium(medium) != GPU:

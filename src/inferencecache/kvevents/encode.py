@@ -1,4 +1,5 @@
-"""Writers of the exact ``EventBatch`` wire shape of a chosen engine release (spec §2.2-§2.5).
+"""Writers of the exact ``EventBatch`` wire shape of a chosen engine release
+(engine-events-and-subscriber.md §2.2-§2.5).
 
 Used by the fake and simulated engines and by tests. Each :class:`WireFormat` records what that
 release's msgspec classes write: arrays carry every declared field in declaration order, nil

@@ -1,4 +1,4 @@
-"""ZeroMQ message shapes of the engines' event publisher (subscriber spec §2.1).
+"""ZeroMQ message shapes of the engines' event publisher (engine-events-and-subscriber.md §2.1).
 
 Live PUB messages are exactly three frames ``topic, seq, payload`` with ``seq`` an 8-byte
 unsigned big-endian counter. Replay runs over ROUTER (engine) / DEALER (client): the request is

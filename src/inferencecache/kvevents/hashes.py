@@ -1,4 +1,5 @@
-"""Engine block-hash normalisation (spec §3.3): the key of the subscriber's reverse map.
+"""Engine block-hash normalisation (engine-events-and-subscriber.md §3.3): the key of the
+subscriber's reverse map.
 
 Engine hashes are opaque identities, never routing keys. vLLM ≤ 0.10.1 publishes Python
 ``hash()`` values (signed), later releases the low 64 bits of a digest (unsigned, often ≥ 2^63)

@@ -87,7 +87,7 @@ IMPLEMENTATION: Literal["native", "python"]
 _native = accelerators.built("inferencecache.kvevents._native")
 if _native is not None:
     _native.set_token_type(TokenIds)  # the build exists: tell it the type it returns
-if _native is not None and not accelerators.pure_python_forced():
+if _native is not None and not accelerators.pure_python_forced("kvevents._native"):
     from inferencecache.kvevents._native import hash_keys, token_array
 
     IMPLEMENTATION = "native"

@@ -1,8 +1,8 @@
 """The hint-plane policy: follow LookupRoute's answer, never depend on it.
 
-Routes on PREFIX_MATCH / TENANT_HOT / AFFINITY_HINT (contract §5.12) to the best-ranked healthy
-replica; on anything else (NO_HINT, TIMEOUT, UNKNOWN_*, an unreachable server, no hint at all)
-it falls back to round robin, so a dead hint plane costs cache hits, never requests.
+Routes on PREFIX_MATCH / TENANT_HOT / AFFINITY_HINT (contract-and-index.md §5.12) to the best-ranked
+healthy replica; on anything else (NO_HINT, TIMEOUT, UNKNOWN_*, an unreachable server, no hint at
+all) it falls back to round robin, so a dead hint plane costs cache hits, never requests.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class CacheAwarePolicy:
             reason = reasons.HINTED_REPLICA_UNHEALTHY if hint.replicas else reasons.NO_HINT
         elif hint.reason_code in reasons.ALL:
             reason = hint.reason_code
-        else:  # a code this version does not know: the no-hint default (§2.1)
+        else:  # a code this version does not know: the no-hint default (contract-and-index.md §2.1)
             reason = reasons.UNRECOGNIZED
         self.fallbacks += 1
         return Decision(self.rotor.pick(healthy), reason, fallback=True)

@@ -1,15 +1,15 @@
 """Reason strings a routing decision carries (the gateway's ``X-Cache-Route-Reason`` header).
 
-LookupRoute's own codes (contract §5.12) pass through unchanged; the rest name what a policy did
-or why the hint plane gave nothing usable. All are upper-case ASCII, stable, and few, so they are
-safe as metric label values.
+LookupRoute's own codes (contract-and-index.md §5.12) pass through unchanged; the rest name what a
+policy did or why the hint plane gave nothing usable. All are upper-case ASCII, stable, and few, so
+they are safe as metric label values.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-# LookupRoute reason codes (contract §5.12).
+# LookupRoute reason codes (contract-and-index.md §5.12).
 PREFIX_MATCH: Final = "PREFIX_MATCH"
 TENANT_HOT: Final = "TENANT_HOT"
 AFFINITY_HINT: Final = "AFFINITY_HINT"
@@ -34,7 +34,8 @@ SERVER_CODES: Final = frozenset(
     }
 )
 ROUTABLE: Final = frozenset({PREFIX_MATCH, TENANT_HOT, AFFINITY_HINT})
-"""Codes a gateway routes on (§5.12: AFFINITY_HINT is routed like PREFIX_MATCH)."""
+"""Codes a gateway routes on (contract-and-index.md §5.12: AFFINITY_HINT is routed like
+PREFIX_MATCH)."""
 UNKNOWN_CODES: Final = frozenset({UNKNOWN_TENANT, UNKNOWN_MODEL, UNKNOWN_HASH_SCHEME})
 """Codes that mean a configuration mismatch (log it, fail open)."""
 

@@ -1,22 +1,22 @@
 /*
  * inferencecache.server._lookupwire: the LookupRoute request parser and response encoder in C.
- * Pure-Python twins: server/wire.py `parse_fast` (requests) and the protobuf construction
- * `response_from_result(...).SerializeToString()` (responses); tests/server/
- * test_lookupwire.py checks both against them.
+ * Without this build, protobuf itself parses and serializes (server/lookup_wire.py); tests compare the
+ * two on every input (tests/server/test_wire_differential.py, test_lookupwire.py).
  *
  * parse(buf) -> tuple of the LookupRequest fields, or None
- *   The request shapes gateways send (one-byte tags of the known fields, one-byte varint
- *   counts, valid UTF-8); None for anything else (unknown or unpacked fields, multi-byte
- *   counts, SLO messages with other fields, a truncated token payload, ...), and the caller
- *   runs the Python parser, which decides exactly as before. So whenever this returns a value
- *   it is the value parse_fast returns.
+ *   Any LookupRouteRequest protobuf decodes, read exactly as protobuf reads it (see
+ *   include/ic_wire.h for the wire rules), with the hot fields kept packed: 8-byte block hashes
+ *   as one bytes of their concatenation, token_ids as the raw varint payload, counts that fit a
+ *   byte as one bytes. None for anything it does not read (groups) and for everything protobuf
+ *   rejects (corrupt varints, tags or lengths, invalid UTF-8, a truncated field): the caller
+ *   then runs protobuf, which decides. So this never accepts what protobuf rejects.
  *
- * Encoder(result_type, score_type).encode(result) -> bytes, or None
- *   The LookupRouteResponse bytes protobuf produces for the result (fields in number order,
+ * encode(result) -> bytes, or None
+ *   The LookupRouteResponse bytes protobuf produces for a LookupResult (fields in number order,
  *   proto3 defaults omitted, packed token_ids, float32 fields as their bit patterns), read by
- *   slot offset from the two record types. None for values protobuf would convert or reject
- *   (non-exact types, out-of-range integers, floats beyond float32, unencodable strings):
- *   the caller then builds the protobuf message, which converts or raises as it always did.
+ *   attribute name. None for values protobuf would convert or reject (non-exact types,
+ *   out-of-range integers, floats beyond float32, unencodable strings): the caller then builds
+ *   the protobuf message, which converts or raises as it always did.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,33 +26,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_slots.h"
-#include "_varint.h"
+#include "ic_wire.h"
 
 #define FIELDS_REQ 14 /* LookupRequest */
-#define FIELDS_RES 5  /* LookupResult */
-#define FIELDS_SCORE 5
 
 /* ======================================================================================= */
 /* Request parser                                                                          */
 /* ======================================================================================= */
-
-/* A varint of at most 10 bytes (parse_fast's _varint: protobuf's bound), low 64 bits. */
-static inline int read_varint(const uint8_t *b, Py_ssize_t n, Py_ssize_t *pos, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift <= 63; shift += 7) {
-        if (*pos >= n) return -1;
-        uint8_t c = b[(*pos)++];
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (c < 0x80) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-static inline int32_t as_int32(uint64_t v) { return (int32_t)(uint32_t)v; }
 
 typedef struct {
     const uint8_t *p;
@@ -74,21 +54,27 @@ static void spans_init(Spans *s) {
     s->bytes = 0;
 }
 
+/* Grow an array of n items of `size` bytes at *v (the inline `local` or the heap) to cap. */
+static int grow(void **v, void *local, Py_ssize_t n, Py_ssize_t *cap_out, Py_ssize_t cap,
+                size_t size) {
+    void *nv = PyMem_Malloc((size_t)cap * size);
+    if (nv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(nv, *v, (size_t)n * size);
+    if (*v != local) PyMem_Free(*v);
+    *v = nv;
+    *cap_out = cap;
+    return 0;
+}
+
 static void spans_free(Spans *s) {
     if (s->v != s->local) PyMem_Free(s->v);
 }
 
 static int spans_grow(Spans *s, Py_ssize_t cap) {
-    Span *v = (Span *)PyMem_Malloc((size_t)cap * sizeof(Span));
-    if (v == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memcpy(v, s->v, (size_t)s->n * sizeof(Span));
-    if (s->v != s->local) PyMem_Free(s->v);
-    s->v = v;
-    s->cap = cap;
-    return 0;
+    return grow((void **)&s->v, s->local, s->n, &s->cap, cap, sizeof(Span));
 }
 
 static inline int spans_add(Spans *s, const uint8_t *p, Py_ssize_t n) {
@@ -121,39 +107,119 @@ static PyObject *spans_join(const Spans *s) {
     return out;
 }
 
-/* The SLO message(s) as protobuf reads them, when they hold only fields 1 and 2 as varints:
- * ttft_ms = the last field 1 (int32). 0 = ok, 1 = let Python decide. */
+/* The spans as a list of bytes objects. */
+static PyObject *spans_list(const Spans *s) {
+    PyObject *out = PyList_New(s->n);
+    for (Py_ssize_t i = 0; out != NULL && i < s->n; i++) {
+        PyObject *h = PyBytes_FromStringAndSize((const char *)s->v[i].p, s->v[i].n);
+        if (h == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, h);
+    }
+    return out;
+}
+
+/* block_token_counts (repeated int32, packed or not) as decoded values. */
+typedef struct {
+    int32_t local[64];
+    int32_t *v;
+    Py_ssize_t n, cap;
+    int bytes_ok; /* every value fits a byte: handed out as one bytes object */
+} Ints;
+
+static void ints_init(Ints *c) {
+    c->v = c->local;
+    c->n = 0;
+    c->cap = 64;
+    c->bytes_ok = 1;
+}
+
+static void ints_free(Ints *c) {
+    if (c->v != c->local) PyMem_Free(c->v);
+}
+
+static int ints_add(Ints *c, int32_t x) {
+    if (c->n == c->cap &&
+        grow((void **)&c->v, c->local, c->n, &c->cap, 4 * c->cap, sizeof(int32_t)) < 0)
+        return -1;
+    c->v[c->n++] = x;
+    c->bytes_ok &= x >= 0 && x <= 255;
+    return 0;
+}
+
+/* bytes of the values when they all fit one, else a list of ints. */
+static PyObject *ints_out(const Ints *c) {
+    if (c->bytes_ok) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, c->n);
+        if (out == NULL) return NULL;
+        char *dst = PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < c->n; i++) dst[i] = (char)(uint8_t)c->v[i];
+        return out;
+    }
+    PyObject *out = PyList_New(c->n);
+    for (Py_ssize_t i = 0; out != NULL && i < c->n; i++) {
+        PyObject *x = PyLong_FromLong(c->v[i]);
+        if (x == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+/* One packed payload of int32 varints into c. IC_OK, IC_DECLINE or -1. */
+static int ints_packed(Ints *c, const uint8_t *b, Py_ssize_t pos, Py_ssize_t stop) {
+    while (pos < stop) {
+        uint64_t v;
+        if (b[pos] < 0x80) { /* one-byte varints: the common counts */
+            v = b[pos++];
+        } else if (ic_varint(b, stop, &pos, &v) != IC_OK) {
+            return IC_DECLINE;
+        }
+        if (ints_add(c, ic_as_int32(v)) < 0) return -1;
+    }
+    return IC_OK;
+}
+
+/* The SLO message(s) as protobuf merges them: ttft_ms = the last field 1. IC_OK or
+ * IC_DECLINE. */
 static int slo_ttft(const Spans *slo, int32_t *ttft) {
     *ttft = 0;
     for (Py_ssize_t i = 0; i < slo->n; i++) {
         const uint8_t *b = slo->v[i].p;
         Py_ssize_t n = slo->v[i].n, pos = 0;
         while (pos < n) {
-            uint8_t tag = b[pos++];
+            uint32_t field;
+            int wire;
             uint64_t v;
-            if ((tag != 0x08 && tag != 0x10) || read_varint(b, n, &pos, &v) < 0) return 1;
-            if (tag == 0x08) *ttft = as_int32(v);
+            if (ic_tag(b, n, &pos, &field, &wire) != IC_OK) return IC_DECLINE;
+            if (field == 1 && wire == IC_WIRE_VARINT) {
+                if (ic_varint(b, n, &pos, &v) != IC_OK) return IC_DECLINE;
+                *ttft = ic_as_int32(v);
+            } else if (ic_skip(b, n, &pos, wire) != IC_OK) { /* tbt_ms and unknown fields */
+                return IC_DECLINE;
+            }
         }
     }
-    return 0;
+    return IC_OK;
 }
 
 static PyObject *s_empty_str = NULL;
 static PyObject *s_empty_bytes = NULL;
 
-/* UTF-8 field text; NULL with no exception = invalid UTF-8 (Python decides). */
-static PyObject *utf8(const uint8_t *p, Py_ssize_t n) {
-    if (n == 0) return Py_NewRef(s_empty_str);
-    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
-    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
-    return s;
+/* A string field's text into *slot (last wins). IC_OK, IC_DECLINE (invalid UTF-8) or -1. */
+static int set_text(PyObject **slot, const uint8_t *p, Py_ssize_t n) {
+    PyObject *s;
+    if (n == 0) {
+        s = Py_NewRef(s_empty_str);
+    } else if ((s = PyUnicode_DecodeUTF8((const char *)p, n, "strict")) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        return IC_DECLINE;
+    }
+    Py_XSETREF(*slot, s);
+    return IC_OK;
 }
 
-static int set_text(PyObject **slot, const uint8_t *p, Py_ssize_t n) {
-    PyObject *s = utf8(p, n);
-    if (s == NULL) return PyErr_Occurred() ? -1 : 1;
-    Py_XSETREF(*slot, s);
-    return 0;
+static inline PyObject *text_or_empty(PyObject *s) {
+    return Py_NewRef(s != NULL ? s : s_empty_str);
 }
 
 static PyObject *wire_parse(PyObject *Py_UNUSED(module), PyObject *arg) {
@@ -164,99 +230,85 @@ static PyObject *wire_parse(PyObject *Py_UNUSED(module), PyObject *arg) {
     const uint8_t *ph = NULL;
     Py_ssize_t ph_n = 0;
     int32_t prefix_count = 0;
-    int have_counts = 0, all8 = 1;
-    Spans hashes, counts, tokens, slo;
+    int all8 = 1;
+    Spans hashes, tokens, slo;
+    Ints counts;
     spans_init(&hashes);
-    spans_init(&counts);
     spans_init(&tokens);
     spans_init(&slo);
+    ints_init(&counts);
     PyObject *out = NULL;
-    int rc = 0; /* 0 ok, 1 let Python decide, -1 error */
+    int rc = IC_OK; /* or IC_DECLINE (protobuf decides), or -1 (error) */
     /* room for every block hash of a chain request (10-byte records) without growing */
     if (n / 10 > hashes.cap && spans_grow(&hashes, n / 10 + 8) < 0) rc = -1;
-    while (pos < n && rc == 0) {
-        uint8_t tag = b[pos++];
+    while (pos < n && rc == IC_OK) {
+        if (b[pos] == 0x3A && n - pos >= 10 && b[pos + 1] == 0x08) {
+            /* `3a 08 <8 bytes>`: one block hash, the bulk of a chain request */
+            rc = spans_add(&hashes, b + pos + 2, 8);
+            pos += 10;
+            continue;
+        }
+        uint32_t field;
+        int wire;
         uint64_t v;
-        if (tag == 0x3A && n - pos >= 9 && b[pos] == 0x08) { /* `3a 08 <8 bytes>`: a hash */
-            rc = spans_add(&hashes, b + pos + 1, 8);
-            pos += 9;
-            continue;
-        }
-        if (tag == 0x20) { /* 4 prefix_token_count, int32 varint */
-            if (read_varint(b, n, &pos, &v) < 0) rc = 1;
-            else prefix_count = as_int32(v);
-            continue;
-        }
-        if ((tag & 7) != 2 || tag >= 0x80) {
-            rc = 1;
+        Py_ssize_t s0, s1;
+        if (ic_tag(b, n, &pos, &field, &wire) != IC_OK) {
+            rc = IC_DECLINE;
             break;
         }
-        Py_ssize_t len_at = pos;
-        if (read_varint(b, n, &pos, &v) < 0 || v > (uint64_t)(n - pos)) {
-            rc = 1;
+        if (wire == IC_WIRE_VARINT && (field == 4 || field == 8 || field == 9)) {
+            Py_ssize_t at = pos;
+            if (ic_varint(b, n, &pos, &v) != IC_OK) rc = IC_DECLINE;
+            else if (field == 4) prefix_count = ic_as_int32(v);    /* prefix_token_count */
+            else if (field == 8) rc = ints_add(&counts, ic_as_int32(v)); /* unpacked count */
+            else rc = spans_add(&tokens, b + at, pos - at); /* unpacked token id: its varint */
+            continue;
+        }
+        if (wire != IC_WIRE_LEN || field > 11 || field == 4) { /* unknown, or another wire type */
+            rc = ic_skip(b, n, &pos, wire);
+            continue;
+        }
+        if (ic_payload(b, n, &pos, &s0, &s1) != IC_OK) {
+            rc = IC_DECLINE;
             break;
         }
-        int short_len = pos - len_at == 1; /* the length took one byte */
-        const uint8_t *p = b + pos;
-        Py_ssize_t len = (Py_ssize_t)v;
-        pos += len;
-        switch (tag) {
-        case 0x0A: rc = set_text(&model, p, len); break;   /* 1 model_id */
-        case 0x12: rc = set_text(&tenant, p, len); break;  /* 2 tenant_id */
-        case 0x1A: ph = p; ph_n = len; break;              /* 3 prefix_hash */
-        case 0x2A: rc = set_text(&scheme, p, len); break;  /* 5 hash_scheme */
-        case 0x32: rc = spans_add(&slo, p, len); break;    /* 6 slo */
-        case 0x3A: /* 7 block_hashes; parse_fast packs `3a 08 <8 bytes>` records only */
-            all8 &= len == 8 && short_len;
+        const uint8_t *p = b + s0;
+        Py_ssize_t len = s1 - s0;
+        switch (field) {
+        case 1: rc = set_text(&model, p, len); break;
+        case 2: rc = set_text(&tenant, p, len); break;
+        case 3: ph = p; ph_n = len; break; /* prefix_hash */
+        case 5: rc = set_text(&scheme, p, len); break;
+        case 6: rc = spans_add(&slo, p, len); break; /* merged below */
+        case 7: /* block_hashes */
+            all8 &= len == 8;
             rc = spans_add(&hashes, p, len);
             break;
-        case 0x42: { /* 8 block_token_counts, packed: one-byte varints only */
-            uint8_t any = 0;
-            for (Py_ssize_t i = 0; i < len; i++) any |= p[i];
-            have_counts = 1;
-            rc = any >= 0x80 ? 1 : spans_add(&counts, p, len);
+        case 8: rc = ints_packed(&counts, b, s0, s1); break; /* block_token_counts, packed */
+        case 9: /* token_ids, packed: whole varints of at most 10 bytes, kept raw */
+            rc = ic_packed_ok(p, len) ? spans_add(&tokens, p, len) : IC_DECLINE;
             break;
-        }
-        case 0x4A: rc = spans_add(&tokens, p, len); break; /* 9 token_ids, packed */
-        case 0x52: rc = set_text(&prompt, p, len); break;  /* 10 prompt_text */
-        case 0x5A: rc = set_text(&adapter, p, len); break; /* 11 adapter_id */
-        default: rc = 1;                                    /* unknown: Python decides */
+        case 10: rc = set_text(&prompt, p, len); break;
+        case 11: rc = set_text(&adapter, p, len); break;
         }
     }
     int32_t ttft = 0;
-    if (rc == 0 && slo.n > 0) rc = slo_ttft(&slo, &ttft);
-    /* varint_count per packed chunk: a varint cut at a chunk's end or longer than 10 bytes
-     * makes protobuf reject the message, so the Python parser decides */
-    for (Py_ssize_t i = 0; rc == 0 && i < tokens.n; i++) {
-        const Span *s = &tokens.v[i];
-        if (s->n > 0 && (s->p[s->n - 1] >= 0x80 || ic_varint_overlong(s->p, s->n) >= 0)) rc = 1;
-    }
-    if (rc != 0) goto done;
+    if (rc == IC_OK && slo.n > 0) rc = slo_ttft(&slo, &ttft);
+    if (rc != IC_OK) goto done;
     {
         PyObject *f[FIELDS_REQ];
-        memset(f, 0, sizeof(f));
-        f[0] = tenant ? Py_NewRef(tenant) : Py_NewRef(s_empty_str);
-        f[1] = model ? Py_NewRef(model) : Py_NewRef(s_empty_str);
-        f[2] = scheme ? Py_NewRef(scheme) : Py_NewRef(s_empty_str);
-        f[3] = adapter ? Py_NewRef(adapter) : Py_NewRef(s_empty_str);
+        f[0] = text_or_empty(tenant);
+        f[1] = text_or_empty(model);
+        f[2] = text_or_empty(scheme);
+        f[3] = text_or_empty(adapter);
         f[4] = ph_n ? PyBytes_FromStringAndSize((const char *)ph, ph_n) : Py_NewRef(s_empty_bytes);
         f[5] = PyLong_FromLong(prefix_count);
-        if (all8) {
-            f[6] = spans_join8(&hashes);
-            f[7] = Py_NewRef(Py_True);
-        } else {
-            f[6] = PyList_New(hashes.n);
-            for (Py_ssize_t i = 0; f[6] != NULL && i < hashes.n; i++) {
-                PyObject *h = PyBytes_FromStringAndSize((const char *)hashes.v[i].p, hashes.v[i].n);
-                if (h == NULL) Py_CLEAR(f[6]);
-                else PyList_SET_ITEM(f[6], i, h);
-            }
-            f[7] = Py_NewRef(Py_False);
-        }
-        f[8] = have_counts ? spans_join(&counts) : PyList_New(0);
+        f[6] = all8 ? spans_join8(&hashes) : spans_list(&hashes);
+        f[7] = Py_NewRef(all8 ? Py_True : Py_False);
+        f[8] = ints_out(&counts);
         f[9] = spans_join(&tokens);
         f[10] = Py_NewRef(Py_True);
-        f[11] = prompt ? Py_NewRef(prompt) : Py_NewRef(s_empty_str);
+        f[11] = text_or_empty(prompt);
         f[12] = PyLong_FromLong(ttft);
         f[13] = Py_NewRef(Py_None);
         int ok = 1;
@@ -276,11 +328,11 @@ done:
     Py_XDECREF(prompt);
     Py_XDECREF(adapter);
     spans_free(&hashes);
-    spans_free(&counts);
     spans_free(&tokens);
     spans_free(&slo);
+    ints_free(&counts);
     if (rc < 0) return NULL;
-    if (rc == 1) Py_RETURN_NONE;
+    if (rc == IC_DECLINE) Py_RETURN_NONE;
     return out;
 }
 
@@ -321,22 +373,7 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 }
 
 /* Callers reserve first: a varint is at most 10 bytes. */
-static inline void put_varint(Buf *b, uint64_t v) {
-    while (v >= 0x80) {
-        b->p[b->n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    b->p[b->n++] = (uint8_t)v;
-}
-
-static inline int varint_len(uint64_t v) {
-    int n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
+static inline void put_varint(Buf *b, uint64_t v) { b->n = ic_put_varint(b->p + b->n, v) - b->p; }
 
 /* An exact int in [lo, hi] as int64; 0 = ok, 1 = protobuf decides. */
 static int int_in(PyObject *o, long long lo, long long hi, long long *out) {
@@ -388,62 +425,51 @@ static inline int put_bytes_field(Buf *b, uint8_t tag, const char *p, Py_ssize_t
     return 0;
 }
 
-typedef struct {
-    PyObject_HEAD
-    PyTypeObject *res_cls, *score_cls;
-    Py_ssize_t res_off[FIELDS_RES];
-    Py_ssize_t score_off[FIELDS_SCORE];
-} Encoder;
+#define FIELDS_RES 5
+#define FIELDS_SCORE 5
+/* Attribute names of LookupResult and ReplicaScore (index/model.py), in field-number order. */
+static const char *const res_names[FIELDS_RES] = {"replica_scores", "reason_code",
+                                                  "lookup_latency_us", "token_ids", "adapter_id"};
+static const char *const score_names[FIELDS_SCORE] = {
+    "replica_id", "score", "matched_tokens", "estimated_cache_hit_prob", "tier"};
+static PyObject *res_attr[FIELDS_RES], *score_attr[FIELDS_SCORE]; /* interned */
 
-static PyObject *Encoder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *res_cls, *score_cls;
-    static char *kwlist[] = {"result_type", "score_type", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Encoder", kwlist, &res_cls, &score_cls))
-        return NULL;
-    Encoder *self = (Encoder *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    PyObject *rn = Py_BuildValue("(sssss)", "reason_code", "replica_scores", "lookup_latency_us",
-                                 "token_ids", "adapter_id");
-    PyObject *sn = Py_BuildValue("(sssss)", "replica_id", "score", "matched_tokens",
-                                 "estimated_cache_hit_prob", "tier");
-    int rc = rn == NULL || sn == NULL || slots_layout(res_cls, rn, self->res_off) < 0 ||
-             slots_layout(score_cls, sn, self->score_off) < 0;
-    Py_XDECREF(rn);
-    Py_XDECREF(sn);
-    if (rc) {
-        Py_DECREF(self);
-        return NULL;
+/* The attributes `names` of o into f (new references); 0 ok, 1 missing (protobuf decides). */
+static int get_attrs(PyObject *o, PyObject *const *names, int n, PyObject **f) {
+    for (int i = 0; i < n; i++) {
+        f[i] = PyObject_GetAttr(o, names[i]);
+        if (f[i] == NULL) {
+            PyErr_Clear();
+            for (int j = 0; j < i; j++) Py_DECREF(f[j]);
+            return 1;
+        }
     }
-    self->res_cls = (PyTypeObject *)Py_NewRef(res_cls);
-    self->score_cls = (PyTypeObject *)Py_NewRef(score_cls);
-    return (PyObject *)self;
+    return 0;
 }
 
-static void Encoder_dealloc(Encoder *self) {
-    Py_XDECREF(self->res_cls);
-    Py_XDECREF(self->score_cls);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+static void put_attrs(PyObject **f, int n) {
+    for (int i = 0; i < n; i++) Py_DECREF(f[i]);
 }
 
 #define INT32_LO (-2147483647LL - 1)
 #define INT32_HI 2147483647LL
 
 /* One ReplicaScore message body into b; 0 ok, 1 protobuf decides, -1 error. */
-static int encode_score(const Encoder *e, PyObject *s, Buf *b) {
+static int encode_score(PyObject *s, Buf *b) {
     const char *id;
     Py_ssize_t id_n;
     uint32_t score, prob;
     long long matched, tier;
     PyObject *f[FIELDS_SCORE];
-    for (int i = 0; i < FIELDS_SCORE; i++)
-        if ((f[i] = slot_get(s, e->score_off[i])) == NULL) return 1;
+    if (get_attrs(s, score_attr, FIELDS_SCORE, f)) return 1;
+    int rc = 1;
     if (text_of(f[0], &id, &id_n) || float32_bits(f[1], &score) ||
         int_in(f[2], INT32_LO, INT32_HI, &matched) || float32_bits(f[3], &prob) ||
         int_in(f[4], INT32_LO, INT32_HI, &tier))
-        return 1;
+        goto done;
     /* fields in number order, proto3 defaults (0, +0.0, "") omitted */
-    if (put_bytes_field(b, 0x0A, id, id_n) < 0 || buf_reserve(b, 5 + 11 + 5 + 11) < 0)
-        return -1;
+    rc = -1;
+    if (put_bytes_field(b, 0x0A, id, id_n) < 0 || buf_reserve(b, 5 + 11 + 5 + 11) < 0) goto done;
     if (score != 0) {
         b->p[b->n++] = 0x15;
         put_fixed32(b, score);
@@ -460,35 +486,33 @@ static int encode_score(const Encoder *e, PyObject *s, Buf *b) {
         b->p[b->n++] = 0x28;
         put_varint(b, (uint64_t)tier);
     }
-    return 0;
+    rc = 0;
+done:
+    put_attrs(f, FIELDS_SCORE);
+    return rc;
 }
 
-static PyObject *Encoder_encode(Encoder *e, PyObject *res) {
-    if (!Py_IS_TYPE(res, e->res_cls)) Py_RETURN_NONE;
+static PyObject *wire_encode(PyObject *Py_UNUSED(module), PyObject *res) {
     PyObject *f[FIELDS_RES];
-    for (int i = 0; i < FIELDS_RES; i++)
-        if ((f[i] = slot_get(res, e->res_off[i])) == NULL) Py_RETURN_NONE;
-    PyObject *scores = f[1], *tokens = f[3];
+    if (get_attrs(res, res_attr, FIELDS_RES, f)) Py_RETURN_NONE;
+    PyObject *scores = f[0], *tokens = f[3];
     const char *reason, *adapter;
     Py_ssize_t reason_n, adapter_n;
     long long latency;
-    if (!PyList_CheckExact(scores) || !(PyList_CheckExact(tokens) || PyTuple_CheckExact(tokens)) ||
-        text_of(f[0], &reason, &reason_n) || text_of(f[4], &adapter, &adapter_n) ||
-        int_in(f[2], LLONG_MIN, LLONG_MAX, &latency))
-        Py_RETURN_NONE;
+    PyObject *out = NULL;
     Buf b, sub;
     buf_init(&b);
     buf_init(&sub);
-    int rc = 0;
+    int rc = 1;
+    if (!PyList_CheckExact(scores) || !(PyList_CheckExact(tokens) || PyTuple_CheckExact(tokens)) ||
+        text_of(f[1], &reason, &reason_n) || text_of(f[4], &adapter, &adapter_n) ||
+        int_in(f[2], LLONG_MIN, LLONG_MAX, &latency))
+        goto done;
+    rc = 0;
     Py_ssize_t n_scores = PyList_GET_SIZE(scores);
     for (Py_ssize_t i = 0; i < n_scores && rc == 0; i++) {
-        PyObject *s = PyList_GET_ITEM(scores, i);
-        if (!Py_IS_TYPE(s, e->score_cls)) {
-            rc = 1;
-            break;
-        }
         sub.n = 0;
-        rc = encode_score(e, s, &sub);
+        rc = encode_score(PyList_GET_ITEM(scores, i), &sub);
         if (rc == 0) rc = buf_reserve(&b, 1 + 10 + sub.n);
         if (rc == 0) {
             b.p[b.n++] = 0x0A; /* 1 replica_scores: always present, even when empty */
@@ -512,7 +536,7 @@ static PyObject *Encoder_encode(Encoder *e, PyObject *res) {
         for (Py_ssize_t i = 0; i < n_tokens && rc == 0; i++) {
             long long t;
             rc = int_in(items[i], 0, 0xFFFFFFFFLL, &t);
-            if (rc == 0) payload += varint_len((uint64_t)t);
+            if (rc == 0) payload += ic_varint_size((uint64_t)t);
         }
         if (rc == 0) rc = buf_reserve(&b, 1 + 10 + payload);
         if (rc == 0) {
@@ -523,33 +547,20 @@ static PyObject *Encoder_encode(Encoder *e, PyObject *res) {
         }
     }
     if (rc == 0) rc = put_bytes_field(&b, 0x2A, adapter, adapter_n);
-    PyObject *out = NULL;
     if (rc == 0) out = PyBytes_FromStringAndSize((const char *)b.p, b.n);
+done:
+    put_attrs(f, FIELDS_RES);
     buf_free(&b);
     buf_free(&sub);
     if (rc == 1) Py_RETURN_NONE;
     return out;
 }
 
-static PyMethodDef Encoder_methods[] = {
-    {"encode", (PyCFunction)Encoder_encode, METH_O,
-     "encode(result) -> LookupRouteResponse bytes, or None (build the protobuf message)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject EncoderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferencecache.server._lookupwire.Encoder",
-    .tp_doc = PyDoc_STR("Encoder(result_type, score_type): LookupRouteResponse bytes."),
-    .tp_basicsize = sizeof(Encoder),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = Encoder_new,
-    .tp_dealloc = (destructor)Encoder_dealloc,
-    .tp_methods = Encoder_methods,
-};
-
 static PyMethodDef module_methods[] = {
     {"parse", (PyCFunction)wire_parse, METH_O,
-     "parse(buf) -> the LookupRequest fields as a tuple, or None (run the Python parser)"},
+     "parse(buf) -> the LookupRequest fields as a tuple, or None (protobuf decides)"},
+    {"encode", (PyCFunction)wire_encode, METH_O,
+     "encode(result) -> LookupRouteResponse bytes, or None (build the protobuf message)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -562,16 +573,18 @@ static struct PyModuleDef lw_module = {
 };
 
 PyMODINIT_FUNC PyInit__lookupwire(void) {
-    if (PyType_Ready(&EncoderType) < 0) return NULL;
     if (s_empty_str == NULL) {
         s_empty_str = PyUnicode_FromString("");
         s_empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
         if (s_empty_str == NULL || s_empty_bytes == NULL) return NULL;
+        for (int i = 0; i < FIELDS_RES; i++)
+            if ((res_attr[i] = PyUnicode_InternFromString(res_names[i])) == NULL) return NULL;
+        for (int i = 0; i < FIELDS_SCORE; i++)
+            if ((score_attr[i] = PyUnicode_InternFromString(score_names[i])) == NULL) return NULL;
     }
     PyObject *mod = PyModule_Create(&lw_module);
     if (mod == NULL) return NULL;
-    if (PyModule_AddObjectRef(mod, "Encoder", (PyObject *)&EncoderType) < 0 ||
-        PyModule_AddIntConstant(mod, "REQUEST_FIELDS", FIELDS_REQ) < 0) {
+    if (PyModule_AddIntConstant(mod, "REQUEST_FIELDS", FIELDS_REQ) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -1,16 +1,14 @@
-"""Type stub of the compiled LookupRoute wire helpers (``_lookupwire.c``); twins in ``wire.py``."""
+"""Type stub of the compiled LookupRoute wire helpers (``_lookupwire.c``); without the build,
+protobuf parses and serializes (``lookup_wire.py``)."""
 
-from typing import Any, final
+from typing import Any
+
+from inferencecache.index.model import LookupResult
 
 REQUEST_FIELDS: int
 
 def parse(buf: bytes, /) -> tuple[Any, ...] | None:
-    """The ``LookupRequest`` fields of a request in field order, or None (run ``parse_fast``)."""
+    """The ``LookupRequest`` fields of a request in field order, or None (protobuf decides)."""
 
-@final
-class Encoder:
-    """``Encoder(LookupResult, ReplicaScore)``: both plain ``__slots__`` records."""
-
-    def __init__(self, result_type: type, score_type: type) -> None: ...
-    def encode(self, result: Any, /) -> bytes | None:
-        """The LookupRouteResponse bytes protobuf produces, or None (build the message)."""
+def encode(result: LookupResult, /) -> bytes | None:
+    """The LookupRouteResponse bytes protobuf produces, or None (build the message)."""

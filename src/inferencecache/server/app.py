@@ -172,7 +172,7 @@ class Server:
         self._grpc = server
 
     def _sweep_loop(self) -> None:
-        self._ready.set()  # ready once the sweeper has started (contract §6.2)
+        self._ready.set()  # ready once the sweeper has started (contract-and-index.md §6.2)
         sweeps = LazyChildren(self.metrics.sweeps)
         while not self._stop_sweeper.wait(self.sweep_interval):
             try:

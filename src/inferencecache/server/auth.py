@@ -1,4 +1,5 @@
-"""Admin-path authentication: one static bearer token, or loopback-only when none (§9.2, §9.6)."""
+"""Admin-path authentication: one static bearer token, or loopback-only when none
+(contract-and-index.md §9.2, §9.6)."""
 
 from __future__ import annotations
 

@@ -6,11 +6,14 @@ protobuf-specific lives here (``/snapshot`` JSON, ``/policy`` errors, ``/probe``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
+from inferencecache.index.backends import store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
+from inferencecache.index.lookup_route import PromptTokenizer, Router
 from inferencecache.index.model import (
     CacheState,
     EventLike,
@@ -19,28 +22,28 @@ from inferencecache.index.model import (
     PackedUpdate,
     Update,
 )
-from inferencecache.index.policy import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.index.probe import Prober, ProbeRequestError
-from inferencecache.index.route import PromptTokenizer, Router
 from inferencecache.index.settings import IndexSettings
+from inferencecache.index.tenant_config import IndexConfig, PolicyError, decode_policy_body
 from inferencecache.server.metrics import PrometheusIndexMetrics, ServerMetrics
 from inferencecache.server.settings import ServeSettings
 
 log = logging.getLogger("inferencecache.server")
 
 
+_RENAMED = {"engine_block_size": "block_size"}
+"""IndexSettings fields whose ``serve`` flag has another name (the flag every part shares)."""
+
+
 def index_settings(s: ServeSettings) -> IndexSettings:
-    return IndexSettings(
-        pressure_weight=s.pressure_weight,
-        slo_tight_ttft_ms=s.slo_tight_ttft_ms,
-        slo_tight_bias=s.slo_tight_bias,
-        tenant_hot_min_hit_rate=s.tenant_hot_min_hit_rate,
-        tenant_hot_max_age=s.tenant_hot_max_age,
-        default_ttl=s.default_ttl,
-        sweep_interval=s.sweep_interval,
-        max_holds=s.max_holds,
-        engine_block_size=s.block_size,
-    )
+    """The index knobs of ``serve``'s settings: every ``IndexSettings`` field that ``serve``
+    has a flag of the same name for (a new index knob needs no line here)."""
+    values = {
+        f.name: getattr(s, _RENAMED.get(f.name, f.name))
+        for f in dataclasses.fields(IndexSettings)
+        if hasattr(s, _RENAMED.get(f.name, f.name))
+    }
+    return IndexSettings(**values)
 
 
 class IndexBackend:
@@ -54,10 +57,15 @@ class IndexBackend:
         clock: Clock | None = None,
         tokenizer: PromptTokenizer | None = None,
         config: IndexConfig | None = None,
+        store_backend: str | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.index = Index(
-            settings, clock=self.clock, metrics=PrometheusIndexMetrics(metrics), config=config
+            settings,
+            clock=self.clock,
+            metrics=PrometheusIndexMetrics(metrics),
+            config=config,
+            store_factory=store_factory(store_backend),
         )
         self.router = Router(self.index, tokenizer=tokenizer)
         self.prober = Prober(self.index)

@@ -35,7 +35,7 @@ def serve(settings: ServeSettings) -> int:
     # No *_created series on /metrics (process-wide switch; this process is the server).
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     # Imports after flag parsing keep `serve --help` and flag errors fast.
-    from inferencecache.index.policy import IndexConfig, PolicyError, load_policy_file
+    from inferencecache.index.tenant_config import IndexConfig, PolicyError, load_policy_file
     from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
         AuthConfigError,
@@ -70,7 +70,13 @@ def serve(settings: ServeSettings) -> int:
             raise click.UsageError(f"--policy-file: {e}") from e
 
     metrics = ServerMetrics()
-    backend = IndexBackend(index_settings(settings), metrics, tokenizer=tokenizers, config=config)
+    backend = IndexBackend(
+        index_settings(settings),
+        metrics,
+        tokenizer=tokenizers,
+        config=config,
+        store_backend=settings.store_backend,
+    )
     index = backend.index
 
     def holds() -> int:
@@ -116,6 +122,7 @@ def serve(settings: ServeSettings) -> int:
                 ),
                 "admin_auth": token is not None,
                 "block_size": backend.index.settings.engine_block_size,
+                "store_backend": settings.store_backend,
                 "policies": len(config.policies),
                 "quotas": len(config.quotas),
             },

@@ -1,4 +1,4 @@
-"""HTTP surfaces (contract §9.2): health, readiness, metrics and the admin paths.
+"""HTTP surfaces (contract-and-index.md §9.2): health, readiness, metrics and the admin paths.
 
 aiohttp runs on its own asyncio loop in one thread, on sockets bound by the caller (so a bind
 error is reported before anything starts). The admin handlers run their index work in the
@@ -27,9 +27,9 @@ from inferencecache.web import read_limited
 log = logging.getLogger("inferencecache.server.http")
 
 MAX_POLICY_BODY = 1024 * 1024
-"""``/policy`` bodies above 1 MiB are rejected with 400 (§9.4)."""
+"""``/policy`` bodies above 1 MiB are rejected with 400 (contract-and-index.md §9.4)."""
 MAX_PROBE_BODY = 4 * 1024
-"""``/probe`` bodies above 4 KiB are rejected with 400 (§9.5)."""
+"""``/probe`` bodies above 4 KiB are rejected with 400 (contract-and-index.md §9.5)."""
 
 
 class AdminBackend(Protocol):

@@ -1,4 +1,4 @@
-"""The server's Prometheus metrics (contract §9.1) in a dedicated registry.
+"""The server's Prometheus metrics (contract-and-index.md §9.1) in a dedicated registry.
 
 Label children on the lookup path are bound once per (model, reason, hint_used) and cached:
 ``labels()`` costs ~2.7 µs a call, a cached child's ``inc()`` a fraction of that. Model ids come
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from inferencecache.metrics import LazyChildren, publish_info
+from inferencecache.metrics import FallbackCollector, LazyChildren, publish_info
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
@@ -77,6 +77,7 @@ class ServerMetrics:
             )
             for ep in AUTH_ENDPOINTS
         }
+        r.register(FallbackCollector("inferencecache_native_fallbacks"))
         self.undecodable = Counter(
             "inferencecache_server_undecodable_requests",
             "gRPC requests protobuf could not decode, by method (answered fail-open).",

@@ -2,9 +2,10 @@
 
 Registered as method handlers on grpcio's sync server (thread pool) rather than through the
 generated servicer base class, so LookupRoute can use the wire-level deserializer of
-``server.wire`` (ReportCacheState: ``server.ingest``) and every method can turn an undecodable
-request into a decision of ours instead of grpcio's generic INTERNAL error. LookupRoute also
-returns its response already serialized (``wire.encode_response``: compiled when built).
+``server.lookup_wire`` (ReportCacheState: ``server.report_request``) and every method can turn
+an undecodable request into a decision of ours instead of grpcio's generic INTERNAL error.
+LookupRoute also returns its response already serialized (``lookup_wire.encode_response``:
+compiled when built).
 Undecodable requests:
 
 - LookupRoute / LookupPDRoute (gateways, on the request path): fail open, status OK, ``NO_HINT``.
@@ -32,10 +33,10 @@ from inferencecache.index.model import (
     Update,
 )
 from inferencecache.metrics import LazyChildren
-from inferencecache.server import wire
-from inferencecache.server.ingest import parse_update_request
+from inferencecache.server import lookup_wire
+from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
-from inferencecache.server.wire import encode_response
+from inferencecache.server.report_request import parse_update_request
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.server")
@@ -93,7 +94,7 @@ def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
         try:
             return parse(buf)
         except Exception:
-            return wire.UNDECODABLE
+            return lookup_wire.UNDECODABLE
 
     return deserialize
 
@@ -111,35 +112,36 @@ class InferenceCacheService:
         self._lookup_errors = metrics.lookup_errors
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
 
-    # -- stubs (contract §2.2) ----------------------------------------------------------------
+    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._reject(context, "RenderTemplate")
         return pb.RenderTemplateResponse(reason_code="OK")
 
     def lookup_pd_route(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._bad_request("LookupPDRoute", context)
         return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
 
     def stream_cache_events(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamCacheEvents")
         return iter(())
 
     def stream_metrics(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamMetrics")
         return iter(())
 
     # -- lookups --------------------------------------------------------------------------------
 
     def lookup_route(self, request: LookupRequest | Any, context: grpc.ServicerContext) -> bytes:
-        """Never a gRPC error: every failure here is a fail-open ``NO_HINT`` (contract §2.5).
-        Returns the serialized LookupRouteResponse (``wire.encode_response``)."""
+        """Never a gRPC error: every failure here is a fail-open ``NO_HINT``
+        (contract-and-index.md §2.5). Returns the serialized LookupRouteResponse
+        (``lookup_wire.encode_response``)."""
         start = time.perf_counter()
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._bad_request("LookupRoute", context)
             return self._fail_open("", start)
         try:
@@ -171,7 +173,7 @@ class InferenceCacheService:
         )
 
     def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._reject(context, "GetCacheState")
         resp = pb.GetCacheStateResponse()
         resp.summary.SetInParent()
@@ -196,7 +198,7 @@ class InferenceCacheService:
     def report_cache_state(
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
     ) -> Any:
-        """Apply each update on receipt; Ack at half-close (contract §4.1)."""
+        """Apply each update on receipt; Ack at half-close (contract-and-index.md §4.1)."""
         ended: list[str] = []  # set once the handler decided how the stream ends
 
         def on_termination() -> None:
@@ -208,7 +210,7 @@ class InferenceCacheService:
 
         context.add_callback(on_termination)
         for msg in request_iterator:
-            if msg is wire.UNDECODABLE:
+            if msg is lookup_wire.UNDECODABLE:
                 ended.append("undecodable")
                 self._stream_errors("undecodable").inc()
                 self._reject(context, "ReportCacheState")
@@ -217,7 +219,7 @@ class InferenceCacheService:
         return pb.Ack(accepted=True)
 
     def publish_event(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is wire.UNDECODABLE:
+        if request is lookup_wire.UNDECODABLE:
             self._reject(context, "PublishEvent")
         self._apply(request, "event")
         return pb.Ack(accepted=True)
@@ -272,11 +274,11 @@ class InferenceCacheService:
         stream_in = grpc.stream_unary_rpc_method_handler
         stream_out = grpc.unary_stream_rpc_method_handler
         safe = _safe_deserializer
-        # LookupRoute and ReportCacheState have their own wire parsers (server/wire.py, ingest.py);
-        # lookup_route returns the response bytes itself.
+        # LookupRoute and ReportCacheState have their own wire parsers (lookup_wire.py,
+        # report_request.py); lookup_route returns the response bytes itself.
         table: dict[str, tuple[Any, Callable[..., Any], Callable[[bytes], Any]]] = {
             "RenderTemplate": (unary, self.render_template, safe(pb.RenderTemplateRequest)),
-            "LookupRoute": (unary, self.lookup_route, wire.parse_lookup_request),
+            "LookupRoute": (unary, self.lookup_route, lookup_wire.parse_lookup_request),
             "LookupPDRoute": (unary, self.lookup_pd_route, safe(pb.LookupPDRouteRequest)),
             "GetCacheState": (unary, self.get_cache_state, safe(pb.GetCacheStateRequest)),
             "ReportCacheState": (stream_in, self.report_cache_state, parse_update_request),

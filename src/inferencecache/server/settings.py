@@ -15,6 +15,7 @@ from inferencecache.config import (
     parse_host_port,
     setting,
 )
+from inferencecache.index.backends import STORE_BACKENDS
 
 DEFAULT_GRPC_ADDRESS = HostPort("127.0.0.1", 9090)
 DEFAULT_HTTP_ADDRESS = HostPort("127.0.0.1", 8080)
@@ -96,6 +97,12 @@ class ServeSettings:
         1_000_000,
         help="Global cap on (key, replica) holds, enforced after each ingest (0 = unbounded).",
     )
+    store_backend: str = setting(
+        "native" if "native" in STORE_BACKENDS else "python",
+        param=click.Choice(sorted(STORE_BACKENDS)),
+        help="Where the index keeps its holds: native (compiled, the default when built) or "
+        "python (pure Python, slower); index/backends.py lists them.",
+    )
     pressure_weight: float = setting(
         1.0, help="PRESSURE_WEIGHT: score factor clamp(1 - w * pressure, 0, 1); 0 turns it off."
     )
@@ -130,6 +137,11 @@ class ServeSettings:
             raise ValueError("--shutdown-grace must be >= 0")
         if self.tenant_hot_max_age < 0:
             raise ValueError("--tenant-hot-max-age must be >= 0 (0 disables TENANT_HOT)")
+        if self.store_backend not in STORE_BACKENDS:
+            raise ValueError(
+                f"--store-backend {self.store_backend} is not available in this installation "
+                f"(have: {', '.join(sorted(STORE_BACKENDS))})"
+            )
         for name in ("pressure_weight", "slo_tight_bias", "tenant_hot_min_hit_rate"):
             value = getattr(self, name)
             if value != value or value in (float("inf"), float("-inf")):

@@ -15,9 +15,9 @@ import grpc
 
 from inferencecache.config import HostPort
 from inferencecache.index.clock import Clock
-from inferencecache.index.policy import IndexConfig
-from inferencecache.index.route import PromptTokenizer
+from inferencecache.index.lookup_route import PromptTokenizer
 from inferencecache.index.settings import IndexSettings
+from inferencecache.index.tenant_config import IndexConfig
 from inferencecache.server.app import Listeners, Server
 from inferencecache.server.auth import BearerAuth
 from inferencecache.server.backend import IndexBackend

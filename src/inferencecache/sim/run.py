@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from inferencecache.config import format_duration
 from inferencecache.sim import cluster, report
-from inferencecache.sim.command import SimulateSettings, parse_sweep, with_value
+from inferencecache.sim.settings import SimulateSettings, parse_sweep, with_value
 from inferencecache.sim.simulator import SimConfig, simulate
 from inferencecache.sim.workloads import WORKLOADS, WorkloadSpec
 

@@ -233,7 +233,8 @@ class _Delivery:
 
 
 class _SimOutbox:
-    """The subscriber forwarder's behaviour (subscriber spec §3.5) in simulated time."""
+    """The subscriber forwarder's behaviour (engine-events-and-subscriber.md §3.5) in simulated
+    time."""
 
     def __init__(self, replica: str, cfg: SimConfig, model_id: str, delivery: _Delivery) -> None:
         self.replica = replica
@@ -492,7 +493,7 @@ class Simulator:
         delivery.run_until(math.inf)
 
     def _report_stats(self, now: float) -> None:
-        """What each subscriber's stats tick sends (subscriber spec §7)."""
+        """What each subscriber's stats tick sends (engine-events-and-subscriber.md §7)."""
         cfg = self.cfg
         delivery = self.delivery
         assert delivery is not None and self.index is not None

@@ -1,4 +1,5 @@
-"""Wiring of one subscriber process: tasks, start-up and graceful shutdown (spec §3.6).
+"""Wiring of one subscriber process: tasks, start-up and graceful shutdown
+(engine-events-and-subscriber.md §3.6).
 
 Tasks on one event loop: intake (ZeroMQ) → bounded queue → processor (decode + mapper) →
 forwarder's sender (gRPC), plus the connectivity watcher, the stats reporter, the refresher

@@ -1,9 +1,10 @@
 """The gRPC client of the subscriber: one lazily connecting channel, bounded calls.
 
 Every call has its own 5 s deadline and a fresh ``ReportCacheState`` stream per update (spec
-§3.5). The channel's reconnect backoff is kept at ≤ 1 s so a restarted server is seen within a
-second (§3.7). ``report`` takes an update already encoded as wire bytes (``UpdateEncoder``) or a
-protobuf message; the wire is standard v1alpha1 either way.
+engine-events-and-subscriber.md §3.5). The channel's reconnect backoff is kept at ≤ 1 s so a
+restarted server is seen within a second (engine-events-and-subscriber.md §3.7). ``report`` takes an
+update already encoded as wire bytes (``UpdateEncoder``) or a protobuf message; the wire is standard
+v1alpha1 either way.
 """
 
 from __future__ import annotations

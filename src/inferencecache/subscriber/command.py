@@ -1,4 +1,4 @@
-"""``inferencecache subscribe``: the engine-side sidecar (subscriber spec §8).
+"""``inferencecache subscribe``: the engine-side sidecar (engine-events-and-subscriber.md §8).
 
 Start-up problems (bad flags, a ``--metrics-address`` that cannot be bound) exit 2 with one line
 on stderr naming the problem, before anything is logged.

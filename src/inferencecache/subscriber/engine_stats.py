@@ -1,4 +1,4 @@
-"""vLLM's metric names and the pure stats math on them (subscriber spec §7).
+"""vLLM's metric names and the pure stats math on them (engine-events-and-subscriber.md §7).
 
 No I/O and no heavy imports: the subscriber's stats path reads these names, the fake engines
 export them, and the simulator and the demo compute the same values from them.

@@ -1,4 +1,4 @@
-"""Batching and the one ordered sender of RPCs (subscriber spec §3.5, §3.7).
+"""Batching and the one ordered sender of RPCs (engine-events-and-subscriber.md §3.5, §3.7).
 
 The mapper calls the :class:`Forwarder` synchronously (it implements ``mapping.Outbox``); nothing
 here ever blocks the caller. Adds wait in a pending buffer flushed every window, at 4096 entries,
@@ -19,12 +19,13 @@ connection, ``CacheClient.supports_batched_evictions``); to any other server it 
 ``batch_evictions=False`` always sends exactly one ``PublishEvent`` per evicted block.
 
 When an RPC fails the sender backs off (100 ms doubling to 1 s) and marks a resync: adds made
-meanwhile are counted and dropped instead of queued (the resync re-sends the whole resident
-state, so retrying them one by one would only delay it); evictions and clears stay queued (bounded)
-because the server may still hold those blocks. The next attempt is the resync itself (§3.7):
-queued removals first, or one ``ALL_CLEARED`` if a removal was lost, then every resident block at
-``timestamp_us`` 0. A connectivity watcher (``resync.py``) requests the same resync when the
-channel comes back after a loss, which covers a server restart while the engine is quiet.
+meanwhile are counted and dropped instead of queued (the resync re-sends the whole resident state,
+so retrying them one by one would only delay it); evictions and clears stay queued (bounded) because
+the server may still hold those blocks. The next attempt is the resync itself
+(engine-events-and-subscriber.md §3.7): queued removals first, or one ``ALL_CLEARED`` if a removal
+was lost, then every resident block at ``timestamp_us`` 0. A connectivity watcher (``resync.py``)
+requests the same resync when the channel comes back after a loss, which covers a server restart
+while the engine is quiet.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The subscriber's own HTTP listener: Prometheus ``/metrics`` and ``/healthz`` (spec §10)."""
+"""The subscriber's own HTTP listener: Prometheus ``/metrics`` and ``/healthz``
+(engine-events-and-subscriber.md §10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ZeroMQ intake (subscriber spec §3.1, §3.2): SUB socket, frame checks, sequence, replay.
+"""ZeroMQ intake (engine-events-and-subscriber.md §3.1, §3.2): SUB socket, frame checks, sequence,
+replay.
 
 One task owns the SUB socket and its monitor. It checks every message's shape (exactly 3 frames,
 an 8-byte seq), classifies the seq, fills gaps by replay when configured, and hands payloads to

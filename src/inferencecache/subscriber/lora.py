@@ -1,4 +1,4 @@
-"""LoRA adapter identity (subscriber spec §5).
+"""LoRA adapter identity (engine-events-and-subscriber.md §5).
 
 The adapter partitions the index, never the hash. A ``lora_id`` is a per-replica load-order
 integer, so it only names an adapter through the operator's ``--lora-adapter-names`` table; a
@@ -55,7 +55,8 @@ class LoraResolver:
         self._warned_names: set[str] = set()
 
     def resolve(self, lora_id: int | None, lora_name: str | None) -> str | None:
-        """The adapter id to index under, or ``None`` to drop the BlockStored (§5 order)."""
+        """The adapter id to index under, or ``None`` to drop the BlockStored
+        (engine-events-and-subscriber.md §5 order)."""
         if lora_id is None and not lora_name:
             return ""
         if lora_id is not None:

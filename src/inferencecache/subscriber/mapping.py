@@ -1,4 +1,4 @@
-"""Engine blocks → content fingerprints (subscriber spec §3.4, §5, §6).
+"""Engine blocks → content fingerprints (engine-events-and-subscriber.md §3.4, §5, §6).
 
 The mapper owns the per-replica state: ``(group, engine hash) → (prefix, tokens, adapter,
 media)``. It turns each decoded event into contract actions on an :class:`Outbox` (adds, T2

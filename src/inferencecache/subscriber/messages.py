@@ -1,8 +1,9 @@
-"""Contract messages the subscriber sends (contract spec §2.3, subscriber spec §3.5).
+"""Contract messages the subscriber sends (contract-and-index.md §2.3,
+engine-events-and-subscriber.md §3.5).
 
 Entries travel inside the subscriber as plain tuples ``(prefix_hash, token_count, adapter_id,
 tier)`` and become wire bytes only here, right before a send: ``UpdateEncoder`` writes a
-``CacheStateUpdate`` without protobuf objects (``ingestwire``, C with a pure-Python twin; byte for
+``CacheStateUpdate`` without protobuf objects (``updatewire``: C, else protobuf itself; byte for
 byte what protobuf writes), ``build_update`` is the protobuf reference.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferencecache import ingestwire
+from inferencecache import updatewire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 # (prefix_hash as 8-byte big-endian, cumulative token_count, adapter_id, tier)
@@ -52,12 +53,12 @@ class UpdateEncoder:
     __slots__ = ("_head",)
 
     def __init__(self, ident: Identity) -> None:
-        self._head = ingestwire.encode_header(
+        self._head = updatewire.encode_header(
             ident.replica_id, ident.model_id, ident.tenant_id, ident.hash_scheme, 0)
 
     def encode(self, entries: Sequence[Entry], timestamp_us: int) -> bytes:
-        return (self._head + ingestwire.timestamp_field(timestamp_us)
-                + ingestwire.encode_entries(entries))
+        return (self._head + updatewire.timestamp_field(timestamp_us)
+                + updatewire.encode_entries(entries))
 
 
 def build_event(

@@ -1,4 +1,5 @@
-"""The subscriber's Prometheus metrics (spec §10), on a dedicated registry.
+"""The subscriber's Prometheus metrics (engine-events-and-subscriber.md §10), on a dedicated
+registry.
 
 Label children on hot paths are bound once here; callers hold the child objects.
 """
@@ -10,6 +11,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferencecache.kvevents.decode import REJECT_REASONS
+from inferencecache.metrics import FallbackCollector
 
 PREFIX = "inferencecache_subscriber_"
 
@@ -29,6 +31,7 @@ class SubscriberMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
+        r.register(FallbackCollector(PREFIX + "native_fallbacks"))
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(PREFIX + name, doc, labels, registry=r)

@@ -1,4 +1,5 @@
-"""Replay client (subscriber spec §2.1, §3.2): fill a sequence gap from the engine's buffer.
+"""Replay client (engine-events-and-subscriber.md §2.1, §3.2): fill a sequence gap from the engine's
+buffer.
 
 Uses DEALER, never REQ (a REQ socket takes one reply per request and loses the rest), sends
 ``["", start_seq]`` and reads both reply generations until the end marker, the last wanted seq,

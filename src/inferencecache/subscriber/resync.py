@@ -1,4 +1,4 @@
-"""Trigger (2) of the resync after a server outage (subscriber spec §3.7).
+"""Trigger (2) of the resync after a server outage (engine-events-and-subscriber.md §3.7).
 
 The contract has no server instance id, so a server that restarted while the engine was quiet is
 only visible as the gRPC connection going away and coming back. This watcher follows the

@@ -1,4 +1,4 @@
-"""Per-connection sequence tracking of the live stream (subscriber spec §3.2).
+"""Per-connection sequence tracking of the live stream (engine-events-and-subscriber.md §3.2).
 
 Pure bookkeeping, no I/O: the intake asks what a seq means and acts on the verdict.
 """

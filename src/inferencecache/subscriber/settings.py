@@ -1,4 +1,5 @@
-"""Settings of ``inferencecache subscribe`` (subscriber spec §8): one frozen dataclass.
+"""Settings of ``inferencecache subscribe`` (engine-events-and-subscriber.md §8): one frozen
+dataclass.
 
 Every flag also reads ``INFERENCECACHE_<FLAG>``; the command line wins. Cross-field and value
 checks raise ``ValueError`` in ``__post_init__``, which the CLI turns into one line and exit 2.

@@ -1,4 +1,5 @@
-"""The stats path (subscriber spec §7): engine ``/metrics`` → ``ReplicaStats`` every interval.
+"""The stats path (engine-events-and-subscriber.md §7): engine ``/metrics`` → ``ReplicaStats`` every
+interval.
 
 Independent of the event path; it only shares the gRPC client. Two profiles read the engine's
 Prometheus text: vLLM (the origin's rules, hit rate from counter deltas between scrapes) and

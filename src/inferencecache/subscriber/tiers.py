@@ -1,4 +1,5 @@
-"""Media-aware residency (subscriber spec §6): which tier an engine block is reported at.
+"""Media-aware residency (engine-events-and-subscriber.md §6): which tier an engine block is
+reported at.
 
 T1 = the engine's own KV cache (medium nil or ``GPU`` in any case, also on CPU-only builds);
 T2 = any offload medium (``CPU``, ``cpu``, ``STORAGE``, ``CPU_PINNED``, ``DISK``, ``EXTERNAL``).

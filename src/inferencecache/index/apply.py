@@ -1,4 +1,5 @@
-"""Ingest rules (contract §4): applying one CacheStateUpdate or one CacheEvent to the state.
+"""Ingest rules (contract-and-index.md §4): applying one CacheStateUpdate or one CacheEvent to the
+state.
 
 Quota and cap enforcement, metric flushing and locking are the facade's job (``Index``); the
 functions here only mutate holds, views and stats rows. Consecutive prefix entries that land in
@@ -34,7 +35,8 @@ from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED
 TIER_T1 = 1
 TIER_T3 = 3
 TIER_INVALID = 2**31 - 1
-"""Stored tier of a negative (invalid) wire tier: colder than anything (contract §4.3)."""
+"""Stored tier of a negative (invalid) wire tier: colder than anything
+(contract-and-index.md §4.3)."""
 
 _I32_MIN = -(2**31)
 _I32_MAX = 2**31 - 1
@@ -50,12 +52,13 @@ _F32 = struct.Struct("<f")
 
 
 def wrap32(x: int) -> int:
-    """Two's complement int32 wrap (contract §5.5 "Integers")."""
+    """Two's complement int32 wrap (contract-and-index.md §5.5 "Integers")."""
     return ((x + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
 
 
 def normalize_tier(tier: int) -> int:
-    """Wire tier -> stored tier (contract §4.3): 0 -> T1, negative -> sentinel, else as is."""
+    """Wire tier -> stored tier (contract-and-index.md §4.3): 0 -> T1, negative -> sentinel, else as
+    is."""
     if tier == 0:
         return TIER_T1
     if tier < 0 or tier > TIER_INVALID:
@@ -77,7 +80,8 @@ def f32(x: float) -> float:
 
 
 def clean_rate(x: float) -> float:
-    """A float32 stats value: NaN/±Inf -> 0, no other clamping (contract §4.2 step 3)."""
+    """A float32 stats value: NaN/±Inf -> 0, no other clamping (contract-and-index.md §4.2 step
+    3)."""
     v = f32(float(x))
     return v if math.isfinite(v) else 0.0
 
@@ -121,7 +125,8 @@ def _first_entries(items: Entries, limit: int) -> list[LegacyRun | PrefixLike]:
 def apply_update(
     st: IndexState, u: UpdateLike | PackedUpdate, now_us: int, *, allow_probe: bool = False
 ) -> bool:
-    """Apply one update (§4.2 steps 1-3). Returns False when it was skipped (probe tenant)."""
+    """Apply one update (contract-and-index.md §4.2 steps 1-3). Returns False when it was skipped
+    (probe tenant)."""
     tenant = u.tenant_id
     if tenant == PROBE_TENANT and not allow_probe:
         return False
@@ -190,7 +195,7 @@ def _apply_run(
     if min(counts) < _I32_MIN or max(counts) > _I32_MAX:
         counts = [wrap32(c) for c in counts]
     part = st.partition(tenant, model, scheme, run.adapter_id or u.adapter_id)
-    nk, nh = part.store.upsert_many(run.hashes, counts, rid, ts, tier)
+    nk, nh = part.ops.upsert_many(run.hashes, counts, rid, ts, tier)
     st.added(part, rid, nk, nh)
 
 
@@ -233,7 +238,7 @@ def _apply_prefixes(
             arg: list[bytes] | bytes = packed[0] if len(packed) == 1 else b"".join(packed)
         else:
             arg = keys
-        nk, nh = part.store.upsert_many(arg, toks, rid, ts, cur_tier)
+        nk, nh = part.ops.upsert_many(arg, toks, rid, ts, cur_tier)
         st.added(part, rid, nk, nh)
         keys.clear()
         packed.clear()
@@ -316,7 +321,7 @@ _UPDATED = int(EventType.REPLICA_UPDATED)
 
 
 def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool = False) -> bool:
-    """Apply one event (§4.4). Returns False when skipped (probe tenant)."""
+    """Apply one event (contract-and-index.md §4.4). Returns False when skipped (probe tenant)."""
     tenant = e.tenant_id
     if tenant == PROBE_TENANT and not allow_probe:
         return False
@@ -334,7 +339,7 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             for part in list(parts.values()):
                 if adapter and part.adapter != adapter:
                     continue
-                holds, gone = part.store.remove_holds(keys, rid)
+                holds, gone = part.ops.remove_holds(keys, rid)
                 if holds:
                     st.removed_per_replica(part, {rid: holds}, gone)
             return True
@@ -350,7 +355,7 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             return True
         tm = (tenant, e.model_id)
         for part in list(st.parts_by_tm.get(tm, {}).values()):
-            holds, gone = part.store.remove_replica(rid)
+            holds, gone = part.ops.remove_replica(rid)
             if holds:
                 st.removed_per_replica(part, {rid: holds}, gone)
         st.drop_stats(tm, rid)

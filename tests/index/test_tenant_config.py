@@ -1,4 +1,5 @@
-"""Per-tenant configuration: the --policy-file format (§6.7) and the /policy body (§9.4)."""
+"""Per-tenant configuration: the --policy-file format and the /policy body
+(contract-and-index.md §6.7, §9.4)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from inferencecache.index import (
     load_policy_file,
     parse_policy_document,
 )
-from inferencecache.index.policy import MAX_POLICY_BODY, PolicyTable
+from inferencecache.index.tenant_config import MAX_POLICY_BODY, PolicyTable
 
 EXAMPLE_YAML = """\
 policies:

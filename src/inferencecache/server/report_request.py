@@ -2,19 +2,20 @@
 
 Why: Python protobuf materialises every ``PrefixEntry`` as an object and the index then reads
 six attributes of each (~2-3 µs per entry), while the subscriber sends one legacy entry per
-engine block, thousands per update. ``ingestwire.parse_update`` (C, with a pure-Python twin)
-turns a run of legacy entries into one packed ``bytes`` of hashes plus a list of token counts,
-which the index stores with one ``upsert_many`` call. Anything the compact parser declines
-(stats, a malformed or unusual message) goes through ``ParseFromString`` and the generic path,
-so the set of decodable messages and their effect on the index are exactly protobuf's; a
-message protobuf cannot decode either becomes ``wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
+engine block, thousands per update. The compiled ``updatewire.parse_update`` turns a run of
+legacy entries into one packed ``bytes`` of hashes plus a list of token counts, which the index
+stores with one ``upsert_many`` call. Protobuf is the only other decoder: whatever the compiled
+parser leaves to it (groups, every malformed message; counted in ``accelerators.FALLBACKS``),
+and everything when the extension is not built, goes through ``ParseFromString`` and the generic
+path, so the set of decodable messages and their effect on the index are exactly protobuf's; a
+message protobuf cannot decode becomes ``lookup_wire.UNDECODABLE`` (``INVALID_ARGUMENT``).
 """
 
 from __future__ import annotations
 
-from inferencecache import ingestwire
-from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Update
-from inferencecache.server import wire
+from inferencecache import accelerators, updatewire
+from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Stats, Update
+from inferencecache.server import lookup_wire
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 
@@ -32,9 +33,9 @@ def update_from_message(msg: pb.CacheStateUpdate) -> Update:
     )
 
 
-def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
-    """``ingestwire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
-    replica, model, tenant, scheme, ts, adapter, items = parsed
+def packed_from_parsed(parsed: updatewire.Parsed) -> PackedUpdate:
+    """``updatewire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
+    replica, model, tenant, scheme, ts, adapter, items, stats = parsed
     entries: list[LegacyRun | PrefixLike] = []
     for it in items:
         if len(it) == 4:
@@ -49,25 +50,29 @@ def packed_from_parsed(parsed: ingestwire.Parsed) -> PackedUpdate:
         hash_scheme=scheme,
         timestamp_us=ts,
         entries=entries,
+        stats=Stats(*stats) if stats is not None else None,
         adapter_id=adapter,
     )
 
 
-def parse_slow(buf: bytes) -> Update | wire._Undecodable:
+def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
     """Protobuf's decoding: the definition of *decodable*."""
     try:
         msg = pb.CacheStateUpdate.FromString(buf)
     except Exception:  # DecodeError, and whatever else a broken message makes protobuf raise
-        return wire.UNDECODABLE
+        return lookup_wire.UNDECODABLE
     return update_from_message(msg)
 
 
-def parse_update_request(buf: bytes) -> PackedUpdate | Update | wire._Undecodable:
+def parse_update_request(buf: bytes) -> PackedUpdate | Update | lookup_wire._Undecodable:
     """gRPC request deserializer for ReportCacheState: never raises."""
-    try:
-        parsed = ingestwire.parse_update(buf)
-    except Exception:  # defensive: a parser bug must not turn into a gRPC error
-        parsed = None
-    if parsed is not None:
-        return packed_from_parsed(parsed)
+    parse = updatewire.parse_update
+    if parse is not None:
+        try:
+            parsed = parse(buf)
+        except Exception:  # defensive: a parser bug must not turn into a gRPC error
+            parsed = None
+        if parsed is not None:
+            return packed_from_parsed(parsed)
+        accelerators.fell_back("update_request")
     return parse_slow(buf)

@@ -1,4 +1,5 @@
-"""Ingest and events: contract §10 items 5-25 (index side), tiers, adapters, stats rows."""
+"""Ingest and events: contract-and-index.md §10 items 5-25 (index side), tiers, adapters, stats
+rows."""
 
 from __future__ import annotations
 
@@ -326,8 +327,8 @@ def _fill(env: Env) -> None:
 def test_batched_eviction_equals_one_event_per_hash(
     make_env: Callable[..., Env], adapter: str
 ) -> None:
-    """prefix_hash then prefix_hashes, in order, each with §4.4's rule: the same holds, views
-    and counts as one event per hash (duplicates and unknown hashes included)."""
+    """prefix_hash then prefix_hashes, in order, each with contract-and-index.md §4.4's rule: the
+    same holds, views and counts as one event per hash (duplicates and unknown hashes included)."""
     batched, single = make_env(), make_env()
     keys = [h(2), h(0), h(5), h(9), h(2), h(3)]
     for env in (batched, single):

@@ -1,4 +1,4 @@
-"""The LookupRoute pipeline (contract §5.1-§5.3, §5.8-§5.12): ``Router.lookup``.
+"""The LookupRoute pipeline (contract-and-index.md §5.1-§5.3, §5.8-§5.12): ``Router.lookup``.
 
 Order of the steps is the contract's, first exit wins. Inputs are resolved outside the index
 lock (fingerprinting token ids, tokenizing prompt_text on a worker thread with a wait bounded
@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from inferencecache import fingerprint
+from inferencecache import accelerators, fingerprint
+from inferencecache.index.apply import wrap32
 from inferencecache.index.clock import SystemClock
 from inferencecache.index.facade import Index
-from inferencecache.index.ingest import f32, wrap32
-from inferencecache.index.lookup import match_chain, match_exact, rank_args
 from inferencecache.index.model import (
     MAX_TOKENS,
     PROBE_TENANT,
@@ -28,23 +27,17 @@ from inferencecache.index.model import (
     Reason,
     ReplicaScore,
 )
-from inferencecache.index.policy import EffectivePolicy
-from inferencecache.index.ranking import (
-    CompiledRanker,
-    PyRanker,
-    RankerLike,
-    affinity_pick,
-    chain_seed,
-    classify,
-    record_maker,
-    tenant_hot,
-)
-from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS, IndexSettings
-from inferencecache.index.state import IndexState, Partition
+from inferencecache.index.orchestrate import credit as lfu_credit
+from inferencecache.index.orchestrate import orchestrate
+from inferencecache.index.ranking import RankerCache, Rankers, affinity_pick, chain_seed
+from inferencecache.index.settings import PROMPT_DEADLINE_S, TOKENIZE_SLOTS
+from inferencecache.index.state import IndexState
+from inferencecache.index.tenant_config import EffectivePolicy
 
 
 class PromptTokenizer(Protocol):
-    """Server-side tokenization of ``prompt_text`` (contract §5.2 step 4). Blocking calls."""
+    """Server-side tokenization of ``prompt_text`` (contract-and-index.md §5.2 step 4). Blocking
+    calls."""
 
     def has_model(self, model_id: str) -> bool:
         """Whether a tokenizer for ``model_id`` is loaded."""
@@ -66,14 +59,13 @@ _NO_HINT = Reason.NO_HINT
 _TIMEOUT_R = Reason.TIMEOUT
 _time_ns = time.time_ns  # SystemClock.now_us() == _time_ns() // 1000, without the Python call
 
-Prelude = (
-    LookupResult
-    | tuple[
-        Sequence[bytes] | bytes | None, Sequence[int], bytes, float | None, int, int, int | None,
-        Sequence[int], bool,
-    ]
-)  # fmt: skip
-"""What ``Router._prelude`` hands back: an early response or the resolved inputs."""
+Resolved = tuple[
+    Sequence[bytes] | bytes | None, Sequence[int], bytes, float | None, int, int, int | None,
+    Sequence[int], bool,
+]  # fmt: skip
+"""What ``Router._prelude`` resolves for the index part: (keys, counts, exact hash, deadline,
+policy timeout ms, minimum prefix tokens, effective prefix tokens, echo, chain lengths
+unequal)."""
 
 
 def _utf8_len_over(text: str, limit: int) -> bool:
@@ -110,8 +102,10 @@ def _varints_truncating(buf: bytes) -> list[int]:
 class Router:
     """LookupRoute over an ``Index``; thread-safe (call ``lookup`` from any thread).
 
-    The index's clock, lock, state and settings are read once here (they never change for an
-    ``Index``), so a lookup does not walk attribute chains for them.
+    The index's clock and settings are read once here (they never change for an ``Index``), so
+    a lookup does not walk attribute chains for them; the index part runs through
+    ``Index.run_locked``. The scoring step of each tenant policy is built once
+    (``ranking.RankerCache``), not per lookup.
     """
 
     def __init__(
@@ -132,24 +126,15 @@ class Router:
         # SystemClock.monotonic is time.monotonic behind a Python call; skip that call
         self._mono = time.monotonic if type(clock) is SystemClock else clock.monotonic
         self._now_us = clock.now_us
-        self._lock = index._lock
-        self._state = index._state
-        self._names = index._state.replicas.names
-        self._settings = settings
-        self._pressure_weight = settings.pressure_weight
-        self._max_blocks = settings.max_blocks_per_entry
-        tight, bias = settings.slo_tight_ttft_ms, settings.slo_tight_bias
-        # slo_coeff(settings, ttft) == (bias32 if 0 < ttft < tight else 0.0)
-        self._slo_tight = tight
-        self._slo_bias = f32(bias) if tight > 0 and bias > 0 else 0.0
-        self._rankers = rankers()
-        self._ranker, self._twin = self._rankers
-        self._uniform_counts: dict[int, Sequence[int]] = {}
         self._sysclock = type(clock) is SystemClock
-        self._result = record_maker(
-            LookupResult,
-            ("reason_code", "replica_scores", "lookup_latency_us", "token_ids", "adapter_id"),
-        )
+        self._settings = settings
+        self._max_blocks = settings.max_blocks_per_entry
+        self._names = index.run_locked(_replica_names)
+        self._rankers_of = RankerCache(self._names, settings).get
+        # bound once: the lookup path calls these on every request
+        self._policy = index.policy
+        self._run_locked = index.run_locked
+        self._uniform_counts: dict[int, Sequence[int]] = {}
 
     @property
     def index(self) -> Index:
@@ -165,140 +150,118 @@ class Router:
     # -- the pipeline ---------------------------------------------------------------------
 
     def lookup(self, req: LookupRequest) -> LookupResult:
-        """One LookupRoute (§5.1). Never raises for any well-typed request."""
-        mono = self._mono
-        start = mono()
+        """One LookupRoute (contract-and-index.md §5.1). Never raises for any well-typed request."""
+        start = self._mono()
         tenant = req.tenant_id
         # 1. probe tenant
         if tenant == PROBE_TENANT:
             return LookupResult(_NO_HINT)
-        st = self._state
-        pol = st.policies.by_tenant[tenant]
-
+        pol = self._policy(tenant)
         bh = req.block_hashes
-        counts_wire = req.block_token_counts
-        n_hashes = len(bh) >> 3
         if (
             pol.plain_chain
             and req.packed_hashes
             and type(bh) is bytes
             and req.deadline is None
             and not len(bh) & 7
-            and 0 < n_hashes <= self._max_blocks
-            and n_hashes == len(counts_wire)
+            and 0 < len(bh) >> 3 <= self._max_blocks
+            and len(bh) >> 3 == len(req.block_token_counts)
         ):
             # The usual gateway request: a well-formed packed chain under a policy without
-            # deadline, require_chain or minimum_prefix_tokens. Steps 2-8 below would decide
-            # exactly this (no deadline, the chain resolves as given, nothing to gate).
-            keys: Sequence[bytes] | bytes | None = bh
-            counts: Sequence[int] = counts_wire
-            exact_hash = req.prefix_hash
-            deadline: float | None = None
-            timeout_ms = 0
-            min_prefix = 0
-            effective: int | None = None
-            echo: Sequence[int] = _NO_TOKENS
-            chain_unequal = False
+            # deadline, require_chain or minimum_prefix_tokens. Steps 2-8 would decide exactly
+            # this (no deadline, the chain resolves as given, nothing to gate).
+            resolved: Resolved = (
+                bh, req.block_token_counts, req.prefix_hash, None, 0, 0, None, _NO_TOKENS, False,
+            )  # fmt: skip
         else:
-            resolved = self._prelude(req, pol, start)
-            if isinstance(resolved, LookupResult):
-                return resolved  # an early exit of steps 2-7
-            (
-                keys, counts, exact_hash, deadline, timeout_ms, min_prefix, effective, echo,
-                chain_unequal,
-            ) = resolved  # fmt: skip
-        # 9.-11. the index part, under the lock
+            early = self._prelude(req, pol, start)
+            if isinstance(early, LookupResult):
+                return early  # an early exit of steps 2-7
+            resolved = early
+        return self._run_locked(
+            self._decide, req, pol, self._rankers_of(pol), resolved, start
+        )
+
+    def _decide(
+        self,
+        st: IndexState,
+        req: LookupRequest,
+        pol: EffectivePolicy,
+        rankers: Rankers,
+        resolved: Resolved,
+        start: float,
+    ) -> LookupResult:
+        """Steps 9-11 of contract-and-index.md §5.1 under the index lock: orchestration, the
+        deadline check, the gates, LFU credit and affinity (contract-and-index.md §5.8-§5.10)."""
+        (
+            keys, counts, exact_hash, deadline, timeout_ms, min_prefix, effective, echo,
+            chain_unequal,
+        ) = resolved  # fmt: skip
+        mono = self._mono
+        tenant = req.tenant_id
         model = req.model_id
         scheme = req.hash_scheme
         adapter = req.adapter_id
-        slo = self._slo_bias if 0 < req.ttft_ms < self._slo_tight else 0.0
-        with self._lock:
-            t0 = mono() if deadline is not None else 0.0
-            now_us = _time_ns() // 1000 if self._sysclock else self._now_us()
-            part = (
-                st.parts.get((tenant, model, scheme, adapter))
-                if keys is not None and tenant and model and scheme
-                else None
-            )
-            if part is not None and keys is not None:
-                # The chain path of _orchestrate and lookup.match_chain, inlined (the hot path).
-                ttl_us = pol.ttl_us
-                args = (
-                    self._names, now_us, ttl_us, len(st.serving.get(part.scope, ())),
-                    st.stats.get(part.tm), self._pressure_weight, slo,
-                    pol.minimum_matched_tokens, pol.lfu,
-                )  # fmt: skip
-                store = part.store
-                fresh_after = now_us - ttl_us
-                ranked = store.walk_ranked(keys, counts, fresh_after, self._ranker, args)
-                if ranked is None:
-                    ranked = self._twin.rank(store.walk(keys, counts, fresh_after), True, *args)
-                if ranked[0]:
-                    strategy: str | None = _PREFIX_MATCH
-                    scores = ranked[1]
-                    credit = ranked[2]
-                else:
-                    strategy = classify(st, tenant, model, scheme)
-                    scores, credit, part = [], None, None
+        t0 = mono() if deadline is not None else 0.0
+        now_us = _time_ns() // 1000 if self._sysclock else self._now_us()
+        strategy, scores, credit, part = orchestrate(
+            st, rankers, self._settings, (tenant, model, scheme, adapter), keys, counts,
+            exact_hash, now_us, req.ttft_ms,
+        )  # fmt: skip
+        if deadline is not None:
+            t1 = mono()
+            if t1 >= deadline or (timeout_ms > 0 and (t1 - t0) * 1000.0 > timeout_ms):
+                return self._envelope(_TIMEOUT_R, start, echo)
+        if strategy is _PREFIX_MATCH:
+            # 11. gates (contract-and-index.md §5.8): G0; G1 already applied by the ranker; G2
+            if min_prefix > 0 and effective is not None and effective < min_prefix:
+                strategy = None
+            elif not scores:
+                strategy = None  # G1 left nothing
             else:
-                strategy, scores, credit, part = _orchestrate(
-                    st, self._rankers, self._names, self._settings, tenant, model, scheme,
-                    adapter, keys, counts, exact_hash, now_us, pol.ttl_us, self._pressure_weight,
-                    slo, pol.minimum_matched_tokens, pol.lfu,
-                )  # fmt: skip
-            if deadline is not None:
-                t1 = mono()
-                if t1 >= deadline or (timeout_ms > 0 and (t1 - t0) * 1000.0 > timeout_ms):
-                    return self._envelope(_TIMEOUT_R, start, echo)
-            if strategy is _PREFIX_MATCH:
-                # 11. gates (§5.8): G0; G1 already applied by the ranker; G2
-                if min_prefix > 0 and effective is not None and effective < min_prefix:
+                floor = pol.routing_floor_score
+                if floor > 0 and scores[0].score < floor:
                     strategy = None
-                elif not scores:
-                    strategy = None  # G1 left nothing
-                else:
-                    floor = pol.routing_floor_score
-                    if floor > 0 and scores[0].score < floor:
-                        strategy = None
-                if strategy is not None:
-                    if credit and part is not None:
-                        st.cap_pool = None  # credits reorder LFU holds (eviction.CapPool)
-                        _credit(part, credit, keys, exact_hash)
-                    return self._result(strategy, scores, _micros(mono() - start), echo, adapter)
-            elif strategy is _TENANT_HOT:
-                # 10. TENANT_HOT switched off; G0
-                if not pol.enable_tenant_hot or (
-                    min_prefix > 0 and effective is not None and effective < min_prefix
-                ):
-                    strategy = None
-                else:
-                    return self._result(strategy, scores, _micros(mono() - start), echo, adapter)
-            if strategy is None:
-                # affinity (§5.9)
-                reason = _NO_HINT
-                scores = []
-                if pol.affinity_routing and tenant and model and scheme and not chain_unequal:
-                    seed = chain_seed(keys) if keys is not None else exact_hash
-                    serving = st.serving.get((tenant, model, scheme)) if seed else None
-                    if serving:
-                        names = self._names
-                        replicas = sorted(names[r] or "" for r in serving)
-                        scores = [ReplicaScore(affinity_pick(seed, replicas))]
-                        reason = Reason.AFFINITY_HINT
-                return self._post(reason, start, scores, echo, adapter)
-            return self._post(strategy, start, [], echo, adapter)  # UNKNOWN_*
+            if strategy is not None:
+                if credit and part is not None:
+                    st.cap_pool = None  # credits reorder LFU holds (eviction.CapPool)
+                    lfu_credit(part, credit, keys, exact_hash)
+                return LookupResult(strategy, scores, _micros(mono() - start), echo, adapter)
+        elif strategy is _TENANT_HOT:
+            # 10. TENANT_HOT switched off; G0
+            if not pol.enable_tenant_hot or (
+                min_prefix > 0 and effective is not None and effective < min_prefix
+            ):
+                strategy = None
+            else:
+                return LookupResult(strategy, scores, _micros(mono() - start), echo, adapter)
+        if strategy is None:
+            # affinity (contract-and-index.md §5.9)
+            reason = _NO_HINT
+            scores = []
+            if pol.affinity_routing and tenant and model and scheme and not chain_unequal:
+                seed = chain_seed(keys) if keys is not None else exact_hash
+                serving = st.serving.get((tenant, model, scheme)) if seed else None
+                if serving:
+                    names = self._names
+                    replicas = sorted(names[r] or "" for r in serving)
+                    scores = [ReplicaScore(affinity_pick(seed, replicas))]
+                    reason = Reason.AFFINITY_HINT
+            return self._post(reason, start, scores, echo, adapter)
+        return self._post(strategy, start, [], echo, adapter)  # UNKNOWN_*
 
-    def _prelude(self, req: LookupRequest, pol: EffectivePolicy, start: float) -> Prelude:
-        """§5.1 steps 2-8 for every request but the plain chain of ``lookup``: an early
-        response, or (keys, counts, exact hash, deadline, policy timeout ms, minimum prefix
-        tokens, effective prefix tokens, echo, chain lengths unequal) for the index part."""
-        mono = self._mono
+    def _prelude(
+        self, req: LookupRequest, pol: EffectivePolicy, start: float
+    ) -> Resolved | LookupResult:
+        """contract-and-index.md §5.1 steps 2-8: an early response, or the resolved inputs of the
+        index part."""
         bh = req.block_hashes
+        counts_wire = req.block_token_counts
+        mono = self._mono
         if req.packed_hashes and isinstance(bh, bytes):
             n_hashes = len(bh) >> 3 if not len(bh) & 7 else -1
         else:
             n_hashes = len(bh)
-        counts_wire = req.block_token_counts
         n_counts = len(counts_wire)
         chain_set = n_hashes != 0 or n_counts != 0
         chain_unequal = n_hashes != n_counts
@@ -327,7 +290,7 @@ class Router:
         if pol.require_chain and (n_hashes <= 0 or chain_unequal):
             return self._envelope(Reason.POLICY_REQUIRES_CHAIN, start)
 
-        # 5. resolve inputs (§5.2)
+        # 5. resolve inputs (contract-and-index.md §5.2)
         keys: Sequence[bytes] | bytes | None = None
         counts: Sequence[int] = ()
         exact_hash = b""
@@ -379,8 +342,8 @@ class Router:
     ) -> tuple[
         int, Sequence[bytes] | bytes | None, Sequence[int], bytes, int, int | None, Sequence[int]
     ]:
-        """§5.2 steps 3-5 (no prefix_hash, and no chain or chain matching off):
-        (status, keys, counts, exact hash, exact count, effective tokens or None, echo)."""
+        """contract-and-index.md §5.2 steps 3-5 (no prefix_hash, and no chain or chain matching
+        off): (status, keys, counts, exact hash, exact count, effective tokens or None, echo)."""
         block = self._settings.engine_block_size
         packed: bytes | None = None
         status = _OK
@@ -402,7 +365,7 @@ class Router:
         elif chain_set:  # chain fields with chain matching off
             status = _FAIL
         else:
-            # the empty-prefix_hash quirk (§5.2 step 5)
+            # the empty-prefix_hash quirk (contract-and-index.md §5.2 step 5)
             return _OK, None, (), b"", req.prefix_token_count, None, echo
         if not packed:
             return status, None, (), b"", 0, None, echo
@@ -446,7 +409,7 @@ class Router:
         return LookupResult(reason, scores, _micros(self._mono() - start), echo, adapter)
 
     def _fingerprint_tokens(self, req: LookupRequest, block: int) -> bytes | None:
-        """Packed chain of ``token_ids`` (§5.2 step 3); None = fail-open."""
+        """Packed chain of ``token_ids`` (contract-and-index.md §5.2 step 3); None = fail-open."""
         tokens = req.token_ids
         try:
             if req.token_varints and isinstance(tokens, bytes | bytearray | memoryview):
@@ -457,6 +420,7 @@ class Router:
                     packed = fingerprint.chain_from_varints(buf, block)
                 except ValueError:
                     # protobuf truncates uint32 values above 32 bits; decode the same way
+                    accelerators.fell_back("token_varints")
                     packed = fingerprint.chain_packed(_varints_truncating(buf), block)
             else:
                 if len(tokens) > MAX_TOKENS:
@@ -484,7 +448,8 @@ class Router:
             self._slots.release()
 
     def _tokenize(self, model: str, text: str, deadline: float | None) -> tuple[int, Sequence[int]]:
-        """§5.2 step 4: (status, tokens). Tokens are returned only on success."""
+        """contract-and-index.md §5.2 step 4: (status, tokens). Tokens are returned only on
+        success."""
         tokenizer = self._tokenizer
         if tokenizer is None or _utf8_len_over(text, MAX_TOKENS):
             return _FAIL, _NO_TOKENS
@@ -513,74 +478,10 @@ class Router:
         return _OK, ids
 
 
-def rankers() -> tuple[RankerLike, PyRanker]:
-    """(ranker, twin): the compiled ranker when built (else the twin), and the twin for the
-    inputs the compiled one hands back (None)."""
-    twin = PyRanker(ReplicaScore)
-    if CompiledRanker is None:
-        return twin, twin
-    return CompiledRanker(ReplicaScore), twin
-
-
-def _orchestrate(
-    st: IndexState,
-    rankers: tuple[RankerLike, PyRanker],
-    names: Sequence[str | None],
-    settings: IndexSettings,
-    tenant: str,
-    model: str,
-    scheme: str,
-    adapter: str,
-    keys: Sequence[bytes] | bytes | None,
-    counts: Sequence[int],
-    exact_hash: bytes,
-    now_us: int,
-    ttl_us: int,
-    pressure_weight: float,
-    slo: float,
-    min_matched: int,
-    want_credit: bool,
-) -> tuple[str | None, list[ReplicaScore], list[tuple[int, int]] | None, Partition | None]:
-    """§5.3: (strategy or None for StrategyNone, ranked scores after G1, LFU credit or None,
-    the matched partition)."""
-    if not tenant or not model or not scheme:
-        return None, [], None, None
-    part = st.parts.get((tenant, model, scheme, adapter))
-    if part is not None:
-        args = rank_args(
-            st, names, part, now_us, ttl_us, pressure_weight, slo, min_matched, want_credit
-        )
-        ranker, twin = rankers
-        if keys is not None:
-            ranked = match_chain(ranker, twin, part, keys, counts, now_us - ttl_us, args)
-        else:
-            ranked = match_exact(ranker, twin, part, exact_hash, now_us - ttl_us, args)
-        if ranked is not None:
-            return _PREFIX_MATCH, ranked[1], ranked[2], part
-    if keys is None:  # chain requests never fall back to TENANT_HOT
-        hot = tenant_hot(st, settings, tenant, model, scheme, now_us, slo)
-        if hot:
-            scores = [ReplicaScore(r.replica_id, r.score, r.matched, r.prob, r.tier) for r in hot]
-            return _TENANT_HOT, scores, None, None
-    return classify(st, tenant, model, scheme), [], None, None
-
-
 def _micros(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
 
-def _credit(
-    part: Partition,
-    credit: list[tuple[int, int]],
-    keys: Sequence[bytes] | bytes | None,
-    exact_hash: bytes,
-) -> None:
-    """§5.10: +1 access on every contributing hold of every returned replica."""
-    store = part.store
-    for rid, blocks in credit:
-        if blocks <= 0:
-            continue
-        if keys is not None:
-            store.credit(keys, blocks, rid)
-        else:
-            store.credit((exact_hash,), 1, rid)
+def _replica_names(st: IndexState) -> list[str | None]:
+    """The index's replica id -> name list (the same list object for the index's life)."""
+    return st.replicas.names

@@ -1,4 +1,4 @@
-"""Per-tenant configuration (contract §6.7, §9.4): typed, validated, immutable.
+"""Per-tenant configuration (contract-and-index.md §6.7, §9.4): typed, validated, immutable.
 
 Two decoders produce the same ``IndexConfig``:
 
@@ -30,7 +30,7 @@ from inferencecache.config.values import parse_duration
 from inferencecache.index.model import PROBE_TENANT
 
 MAX_POLICY_BODY = 1 << 20
-"""``POST /policy`` body bound (contract §9.4)."""
+"""``POST /policy`` body bound (contract-and-index.md §9.4)."""
 POLICY_VERSIONS = range(3, 8)
 """Accepted ``/policy`` body versions."""
 
@@ -60,8 +60,8 @@ class Strategy:
 
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
-    """One tenant's policy as configured (contract §6.7); ``eviction_ttl`` in seconds, <= 0 means
-    the server's ``default_ttl``."""
+    """One tenant's policy as configured (contract-and-index.md §6.7); ``eviction_ttl`` in seconds,
+    <= 0 means the server's ``default_ttl``."""
 
     eviction_ttl: float = 0.0
     eviction: str = "lru"
@@ -75,7 +75,8 @@ class TenantPolicy:
 
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
-    """Fairness quota: distinct keys of the tenant across models/schemes/adapters (§6.5)."""
+    """Fairness quota: distinct keys of the tenant across models/schemes/adapters
+    (contract-and-index.md §6.5)."""
 
     max_index_entries: int
     isolation_mode: str = ""
@@ -126,8 +127,9 @@ class EffectivePolicy:
     require_chain: bool
     enable_tenant_hot: bool
     quota: int | None  # >= 0, None = unbounded
-    # Derived: a chain request needs none of the §5.1 steps 2-8 decisions beyond its own
-    # shape (no policy deadline, no require_chain, no minimum_prefix_tokens; Router.lookup).
+    # Derived: a chain request needs none of the contract-and-index.md §5.1 steps 2-8 decisions
+    # beyond its own shape (no policy deadline, no require_chain, no minimum_prefix_tokens;
+    # Router.lookup).
     plain_chain: bool = field(init=False, default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -186,7 +188,8 @@ class PolicyTable:
         self.default = _effective(TenantPolicy(), None, default_ttl_us)
         quotas: dict[str, int] = {}
         for tenant, q in config.quotas.items():
-            if tenant and tenant != PROBE_TENANT:  # probe tenant is quota-exempt (§2.5)
+            # the probe tenant is quota-exempt (contract-and-index.md §2.5)
+            if tenant and tenant != PROBE_TENANT:
                 quotas[tenant] = max(0, q.max_index_entries)
         self.quotas: Mapping[str, int] = quotas
         by_tenant: dict[str, EffectivePolicy] = {}
@@ -201,7 +204,7 @@ class PolicyTable:
 
 
 # ---------------------------------------------------------------------------------------------
-# Config file (§6.7): snake_case, absent = default, strict types and ranges
+# Config file (contract-and-index.md §6.7): snake_case, absent = default, strict types and ranges
 
 
 _TYPE_NAMES: tuple[tuple[type, str], ...] = (
@@ -388,7 +391,7 @@ def parse_policy_document(doc: object) -> IndexConfig:
         path = f"policies[{i}]"
         tenant, pol = _file_policy(item, path)
         if not tenant:
-            continue  # empty tenant ids are ignored (§6.7, §9.4)
+            continue  # empty tenant ids are ignored (contract-and-index.md §6.7, §9.4)
         if tenant in policies:
             raise PolicyError(f"{path}.tenant_id", f"duplicate tenant {tenant!r}")
         policies[tenant] = pol
@@ -426,7 +429,7 @@ def _reject_constant(name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# POST /policy body (§9.4): camelCase, versioned, zero-omitting controller
+# POST /policy body (contract-and-index.md §9.4): camelCase, versioned, zero-omitting controller
 
 
 _BODY_TOP = ("version", "policies", "tenants")

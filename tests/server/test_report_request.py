@@ -1,10 +1,11 @@
-"""ReportCacheState's compact parser (``server.ingest`` over ``ingestwire``) against protobuf.
+"""ReportCacheState's compact parser (``server.report_request`` over ``updatewire``) against
+protobuf.
 
-Differential: random updates go through both paths — the compact ``PackedUpdate`` the server
-uses and protobuf's ``CacheStateUpdate`` through the generic path — into two indexes, which must
-end in the same state (every hold with all its fields, stats rows, drop counters, metrics, views).
-Both parser implementations (C and the pure-Python twin) must give identical results, and the set
-of decodable messages must be exactly protobuf's.
+Differential: random updates go through both paths — the compact ``PackedUpdate`` of the
+compiled parser and protobuf's ``CacheStateUpdate`` through the generic path — into two indexes,
+which must end in the same state (every hold with all its fields, stats rows, drop counters,
+metrics, views). The compiled parser reads every field as protobuf does, and the set of decodable
+messages is exactly protobuf's (tests/server/test_wire_differential.py has the targeted cases).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferencecache import ingestwire
+from inferencecache import accelerators, updatewire
 from inferencecache.index import (
     PROBE_TENANT,
     STORE_BACKENDS,
@@ -30,9 +31,8 @@ from inferencecache.index import (
     TenantQuota,
     Update,
 )
-from inferencecache.ingestwire import pure
-from inferencecache.server import wire
-from inferencecache.server.ingest import (
+from inferencecache.server import lookup_wire
+from inferencecache.server.report_request import (
     packed_from_parsed,
     parse_slow,
     parse_update_request,
@@ -40,13 +40,11 @@ from inferencecache.server.ingest import (
 )
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-IMPLS: dict[str, Any] = {"pure": pure}
-try:
-    from inferencecache.ingestwire import _native
-
-    IMPLS["native"] = _native
-except ImportError:  # not built: the pure twin alone
-    pass
+NATIVE: Any = accelerators.built("inferencecache.updatewire._native")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="C accelerator not built")
+ENCODERS: dict[str, Any] = {"protobuf": updatewire._encode_entries_pb}
+if NATIVE is not None:
+    ENCODERS["native"] = NATIVE.encode_entries
 
 SMALL = IndexSettings(max_entries_per_update=40, max_blocks_per_entry=6, max_hash_bytes=12,
                       max_holds=60)
@@ -160,8 +158,8 @@ def test_compact_and_protobuf_paths_give_the_same_index(
         buf = _serialize(u, rng)
         got = parse_update_request(buf)
         want = parse_slow(buf)
-        assert not isinstance(want, type(wire.UNDECODABLE))
-        assert isinstance(got, PackedUpdate) == (not u.HasField("stats")), "stats decline only"
+        assert not isinstance(want, type(lookup_wire.UNDECODABLE))
+        assert isinstance(got, PackedUpdate) == (updatewire.parse_update is not None)
         assert isinstance(got, PackedUpdate | Update) and isinstance(want, Update)
         fast.apply_update(got)
         slow.apply_update(want)
@@ -170,19 +168,22 @@ def test_compact_and_protobuf_paths_give_the_same_index(
     assert _state(fast, fast_m) == _state(slow, slow_m)
 
 
+@needs_native
 @settings(max_examples=150, deadline=None)
 @given(u=updates(), seed=st.integers(0, 2**16))
-def test_parsers_agree_with_protobuf_field_by_field(u: pb.CacheStateUpdate, seed: int) -> None:
+def test_parser_agrees_with_protobuf_field_by_field(u: pb.CacheStateUpdate, seed: int) -> None:
     buf = _serialize(u, random.Random(seed))
-    outs = {name: impl.parse_update(buf) for name, impl in IMPLS.items()}
-    assert len({repr(o) for o in outs.values()}) == 1, outs
-    parsed = outs["pure"]
+    parsed = NATIVE.parse_update(buf)
     msg = pb.CacheStateUpdate.FromString(buf)
-    if msg.HasField("stats"):
-        assert parsed is None
-        return
     assert parsed is not None
     packed = packed_from_parsed(parsed)
+    if msg.HasField("stats"):
+        s = msg.stats
+        want_stats = (s.cache_memory_bytes, s.hit_rate, s.pressure, s.t2_hit_tokens,
+                      s.t2_query_tokens)
+        assert repr(parsed[7]) == repr(want_stats)  # repr: NaN equals NaN
+    else:
+        assert parsed[7] is None and packed.stats is None
     assert (packed.replica_id, packed.model_id, packed.tenant_id, packed.hash_scheme,
             packed.timestamp_us, packed.adapter_id) == (
         msg.replica_id, msg.model_id, msg.tenant_id, msg.hash_scheme, msg.timestamp_us,
@@ -226,48 +227,49 @@ def test_mutated_bytes_decode_exactly_when_protobuf_decodes(
             at = rng.randrange(len(buf) + 1)
             buf[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
     data = bytes(buf)
-    outs = {name: impl.parse_update(data) for name, impl in IMPLS.items()}
-    assert len({repr(o) for o in outs.values()}) == 1, outs
     got = parse_update_request(data)
     want = parse_slow(data)
-    undecodable = type(wire.UNDECODABLE)
+    undecodable = type(lookup_wire.UNDECODABLE)
     assert isinstance(got, undecodable) == isinstance(want, undecodable)
     if isinstance(got, PackedUpdate):
         assert isinstance(want, Update)
-        a, am = _index("memstore", IndexSettings(), False)
-        b, bm = _index("memstore", IndexSettings(), False)
+        a, am = _index("python", IndexSettings(), False)
+        b, bm = _index("python", IndexSettings(), False)
         a.apply_update(got)
         b.apply_update(want)
         assert _state(a, am) == _state(b, bm)
 
 
-def test_declines_go_to_protobuf() -> None:
+@needs_native
+def test_stats_and_unusual_shapes_stay_compiled() -> None:
     u = pb.CacheStateUpdate(replica_id="r", hash_scheme="vllm")
     u.stats.hit_rate = 0.5
-    got = parse_update_request(u.SerializeToString())
-    assert not isinstance(got, PackedUpdate) and got.stats is not None  # type: ignore[union-attr]
-    # a known field with another wire type, invalid UTF-8, a group: protobuf decides
-    for buf in (b"\x08\x01", b"\x0a\x02\xff\xfe", b"\x33\x34", b"\x32\x03\x10\x80\x80"):
-        for impl in IMPLS.values():
-            assert impl.parse_update(buf) is None
-        assert isinstance(parse_update_request(buf), type(wire.UNDECODABLE)) == isinstance(
-            parse_slow(buf), type(wire.UNDECODABLE))
+    got = packed_from_parsed(NATIVE.parse_update(u.SerializeToString()))
+    assert got.stats is not None and got.stats.hit_rate == 0.5
+    # a known field with another wire type is an unknown field to protobuf: skipped
+    assert NATIVE.parse_update(b"\x08\x01") == ("", "", "", "", 0, "", [], None)
+    # invalid UTF-8, a group, a truncated varint: protobuf decides
+    for buf in (b"\x0a\x02\xff\xfe", b"\x33\x34", b"\x32\x03\x10\x80\x80"):
+        assert NATIVE.parse_update(buf) is None
+        assert isinstance(parse_update_request(buf), type(lookup_wire.UNDECODABLE)) == isinstance(
+            parse_slow(buf), type(lookup_wire.UNDECODABLE))
 
 
+@needs_native
 def test_a_subscriber_update_is_one_run() -> None:
     u = pb.CacheStateUpdate(replica_id="r", model_id="m", tenant_id="t", hash_scheme="vllm",
                             timestamp_us=5)
     for i in range(4096):
         u.prefixes.add(prefix_hash=i.to_bytes(8, "big"), token_count=16 * (i % 300 + 1), tier=1)
-    got = parse_update_request(u.SerializeToString())
-    assert isinstance(got, PackedUpdate) and len(got.entries) == 1
+    got = packed_from_parsed(NATIVE.parse_update(u.SerializeToString()))
+    assert len(got.entries) == 1
     run = got.entries[0]
     assert isinstance(run, LegacyRun)
     assert run.hashes == b"".join(i.to_bytes(8, "big") for i in range(4096))
     assert list(run.token_counts) == [16 * (i % 300 + 1) for i in range(4096)]
 
 
-@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("impl", sorted(ENCODERS))
 def test_encode_entries_is_what_protobuf_writes(impl: str) -> None:
     rng = random.Random(5)
     entries = [(rng.randbytes(rng.choice([0, 3, 8, 8, 8, 200])),
@@ -277,17 +279,17 @@ def test_encode_entries_is_what_protobuf_writes(impl: str) -> None:
     ref = pb.CacheStateUpdate()
     for p, t, a, tier in entries:
         ref.prefixes.add(prefix_hash=p, token_count=t, adapter_id=a, tier=tier)
-    assert IMPLS[impl].encode_entries(entries) == ref.SerializeToString()
-    header = ingestwire.encode_header("r", "m", "t", "vllm", -3)
+    assert ENCODERS[impl](entries) == ref.SerializeToString()
+    header = updatewire.encode_header("r", "m", "t", "vllm", -3)
     whole = pb.CacheStateUpdate(replica_id="r", model_id="m", tenant_id="t", hash_scheme="vllm",
                                 timestamp_us=-3)
     whole.MergeFrom(ref)
-    assert header + IMPLS[impl].encode_entries(entries) == whole.SerializeToString()
-    assert ingestwire.encode_header("", "", "", "", 0) == b""
+    assert header + ENCODERS[impl](entries) == whole.SerializeToString()
+    assert updatewire.encode_header("", "", "", "", 0) == b""
     with pytest.raises(TypeError):
-        IMPLS[impl].encode_entries([("x", 1, "", 1)])
+        ENCODERS[impl]([("x", 1, "", 1)])
     with pytest.raises(OverflowError):
-        IMPLS[impl].encode_entries([(b"x", 2**31, "", 1)])
+        ENCODERS[impl]([(b"x", 2**31, "", 1)])
 
 
 def test_update_from_message_keeps_stats_presence() -> None:

@@ -1,78 +1,29 @@
-/* inferencecache.ingestwire._native: the contract's CacheStateUpdate in compact form.
+/* inferencecache.updatewire._native: the contract's CacheStateUpdate in compact form.
  *
- * parse_update(buf)      -> (replica, model, tenant, scheme, ts, adapter, entries) or None
+ * parse_update(buf)      -> (replica, model, tenant, scheme, ts, adapter, entries, stats) or None
  * encode_entries(tuples) -> bytes of the `prefixes` field (6), as protobuf writes it
  *
  * Why: the subscriber reports one legacy PrefixEntry per engine block, thousands per update.
  * Building and reading those as protobuf objects costs ~1-3 us of Python per entry on each side;
  * here a run of legacy entries becomes one packed bytes of 8-byte hashes plus a list of token
  * counts (the index stores it with one upsert_many call), and the subscriber writes its entries
- * straight into wire bytes. Anything the compact form does not cover (stats, a wire-type
- * mismatch, a truncated field, invalid UTF-8, an invalid tag, a varint protobuf might read
- * differently) returns None so protobuf decides: the set of accepted messages and their meaning
- * stay exactly protobuf's. The pure-Python twin (pure.py) gives identical results.
+ * straight into wire bytes. parse_update reads any CacheStateUpdate protobuf decodes, exactly as
+ * protobuf reads it (include/ic_wire.h has the wire rules); it returns None for groups and for
+ * everything protobuf rejects (corrupt varints, tags or lengths, a truncated field, invalid
+ * UTF-8), and the caller lets protobuf decide. Without this build, protobuf parses and writes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define OK 0
-#define DECLINE 1
+#include "ic_wire.h"
+
+#define OK IC_OK
+#define DECLINE IC_DECLINE
 #define FAIL (-1)
 
 /* ---- reading ------------------------------------------------------------------------------ */
-
-/* One varint of at most 10 bytes; a 10th byte above 1 declines (protobuf decides). */
-static inline int rd_varint(const uint8_t *b, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out) {
-    Py_ssize_t p = *pos;
-    uint64_t v = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
-        if (p >= end) return DECLINE;
-        uint8_t c = b[p++];
-        if (shift == 63 && c > 1) return DECLINE;
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (c < 0x80) {
-            *pos = p;
-            *out = v;
-            return OK;
-        }
-    }
-    return DECLINE;
-}
-
-static inline int rd_delimited(const uint8_t *b, Py_ssize_t *pos, Py_ssize_t end,
-                               Py_ssize_t *start, Py_ssize_t *stop) {
-    uint64_t len;
-    if (rd_varint(b, pos, end, &len) != OK) return DECLINE;
-    if (len > (uint64_t)(end - *pos)) return DECLINE;
-    *start = *pos;
-    *stop = *pos + (Py_ssize_t)len;
-    *pos = *stop;
-    return OK;
-}
-
-static inline int skip_field(const uint8_t *b, Py_ssize_t *pos, Py_ssize_t end, int wire) {
-    uint64_t v;
-    Py_ssize_t s0, s1;
-    switch (wire) {
-    case 0:
-        return rd_varint(b, pos, end, &v);
-    case 2:
-        return rd_delimited(b, pos, end, &s0, &s1);
-    case 1:
-    case 5: {
-        Py_ssize_t w = wire == 1 ? 8 : 4;
-        if (end - *pos < w) return DECLINE;
-        *pos += w;
-        return OK;
-    }
-    default:
-        return DECLINE; /* groups, invalid wire types */
-    }
-}
-
-static inline int32_t as_i32(uint64_t v) { return (int32_t)(uint32_t)(v & 0xFFFFFFFFu); }
 
 /* Strict UTF-8 (what protobuf checks for proto3 strings). New reference, NULL+DECLINE on
  * invalid input, NULL+FAIL on memory errors. */
@@ -89,7 +40,6 @@ static PyObject *rd_text(const uint8_t *b, Py_ssize_t start, Py_ssize_t stop, in
     return s;
 }
 
-/* Validate a string field occurrence without keeping it (ASCII is always valid). */
 static int check_text(const uint8_t *b, Py_ssize_t start, Py_ssize_t stop) {
     for (Py_ssize_t i = start; i < stop; i++) {
         if (b[i] >= 0x80) {
@@ -125,56 +75,49 @@ static int append_i32(PyObject **list, int32_t v) {
 static int rd_entry(const uint8_t *b, Py_ssize_t pos, Py_ssize_t end, Entry *e) {
     memset(e, 0, sizeof(*e));
     while (pos < end) {
-        uint64_t key, v;
+        uint32_t field;
+        int wire;
+        uint64_t v;
         Py_ssize_t s0, s1;
-        if (rd_varint(b, &pos, end, &key) != OK || key > 0xFFFFFFFFu) return DECLINE;
-        uint64_t field = key >> 3;
-        int wire = (int)(key & 7);
-        if (field == 0) return DECLINE;
-        if (field > 6) {
-            if (skip_field(b, &pos, end, wire) != OK) return DECLINE;
-        } else if (wire == 2) {
-            if (rd_delimited(b, &pos, end, &s0, &s1) != OK) return DECLINE;
-            if (field == 1) {
+        if (ic_tag(b, end, &pos, &field, &wire) != OK) return DECLINE;
+        if (wire == IC_WIRE_LEN && (field == 1 || field == 3 || field == 4 || field == 6)) {
+            if (ic_payload(b, end, &pos, &s0, &s1) != OK) return DECLINE;
+            if (field == 1) { /* prefix_hash */
                 e->ph0 = s0;
                 e->ph1 = s1;
-            } else if (field == 3) {
+            } else if (field == 3) { /* block_hashes */
                 if (e->hashes == NULL && (e->hashes = PyList_New(0)) == NULL) return FAIL;
                 PyObject *h = PyBytes_FromStringAndSize((const char *)b + s0, s1 - s0);
                 if (h == NULL) return FAIL;
                 int r = PyList_Append(e->hashes, h);
                 Py_DECREF(h);
                 if (r < 0) return FAIL;
-            } else if (field == 4) { /* packed repeated int32 */
+            } else if (field == 4) { /* block_token_counts, packed repeated int32 */
                 if (e->counts == NULL && (e->counts = PyList_New(0)) == NULL) return FAIL;
                 while (s0 < s1) {
-                    if (rd_varint(b, &s0, s1, &v) != OK) return DECLINE;
-                    if (append_i32(&e->counts, as_i32(v)) != OK) return FAIL;
+                    if (ic_varint(b, s1, &s0, &v) != OK) return DECLINE;
+                    if (append_i32(&e->counts, ic_as_int32(v)) != OK) return FAIL;
                 }
-            } else if (field == 6) {
+            } else { /* adapter_id */
                 int rc = check_text(b, s0, s1);
                 if (rc != OK) return rc;
                 e->ad0 = s0;
                 e->ad1 = s1;
-            } else {
-                return DECLINE; /* a wire-type mismatch on a known field */
             }
-        } else if (wire == 0) {
-            if (rd_varint(b, &pos, end, &v) != OK) return DECLINE;
-            if (field == 2) {
-                e->tc = as_i32(v);
-            } else if (field == 4) { /* unpacked repeated int32 */
-                if (append_i32(&e->counts, as_i32(v)) != OK) return FAIL;
-            } else if (field == 5) {
-                e->tier = as_i32(v);
-            } else {
-                return DECLINE;
+        } else if (wire == IC_WIRE_VARINT && (field == 2 || field == 4 || field == 5)) {
+            if (ic_varint(b, end, &pos, &v) != OK) return DECLINE;
+            if (field == 2) { /* token_count */
+                e->tc = ic_as_int32(v);
+            } else if (field == 4) { /* an unpacked block_token_counts value */
+                if (append_i32(&e->counts, ic_as_int32(v)) != OK) return FAIL;
+            } else { /* tier */
+                e->tier = ic_as_int32(v);
             }
-        } else {
+        } else if (ic_skip(b, end, &pos, wire) != OK) { /* unknown, or another wire type */
             return DECLINE;
         }
     }
-    return pos == end ? OK : DECLINE;
+    return OK;
 }
 
 static void entry_clear(Entry *e) {
@@ -266,42 +209,68 @@ static int generic_add(const uint8_t *b, Entry *e, PyObject *items) {
     return rc;
 }
 
+/* ReplicaStats (field 7), merged over its occurrences as protobuf merges a message field. */
+typedef struct {
+    int present;
+    int64_t memory, t2_hit, t2_query;
+    float hit_rate, pressure;
+} Stats;
+
+static float rd_float(const uint8_t *p) {
+    uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                    (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int rd_stats(const uint8_t *b, Py_ssize_t pos, Py_ssize_t end, Stats *st) {
+    st->present = 1;
+    while (pos < end) {
+        uint32_t field;
+        int wire;
+        uint64_t v;
+        Py_ssize_t s0, s1;
+        if (ic_tag(b, end, &pos, &field, &wire) != OK) return DECLINE;
+        if (wire == IC_WIRE_VARINT && (field == 2 || field == 6 || field == 7)) {
+            if (ic_varint(b, end, &pos, &v) != OK) return DECLINE;
+            *(field == 2 ? &st->memory : field == 6 ? &st->t2_hit : &st->t2_query) = (int64_t)v;
+        } else if (wire == IC_WIRE_FIXED32 && (field == 3 || field == 4)) {
+            if (end - pos < 4) return DECLINE;
+            *(field == 3 ? &st->hit_rate : &st->pressure) = rd_float(b + pos);
+            pos += 4;
+        } else if (wire == IC_WIRE_LEN && (field == 1 || field == 5)) { /* replica_id, version */
+            if (ic_payload(b, end, &pos, &s0, &s1) != OK) return DECLINE;
+            int rc = check_text(b, s0, s1);
+            if (rc != OK) return rc;
+        } else if (ic_skip(b, end, &pos, wire) != OK) {
+            return DECLINE;
+        }
+    }
+    return OK;
+}
+
 static int rd_update(const uint8_t *b, Py_ssize_t n, PyObject **strs, int64_t *ts,
-                     PyObject *items) {
+                     PyObject *items, Stats *stats) {
     Py_ssize_t pos = 0;
     Run run;
     memset(&run, 0, sizeof(run));
     int rc = OK;
-    while (pos < n) {
-        uint64_t key, v;
+    while (pos < n && rc == OK) {
+        uint32_t field;
+        int wire;
+        uint64_t v;
         Py_ssize_t s0, s1;
-        if (rd_varint(b, &pos, n, &key) != OK || key > 0xFFFFFFFFu) {
+        if (ic_tag(b, n, &pos, &field, &wire) != OK) {
             rc = DECLINE;
-            break;
-        }
-        uint64_t field = key >> 3;
-        int wire = (int)(key & 7);
-        if (field == 0 || field == 7) { /* an invalid tag; stats (rare: protobuf does them) */
-            rc = DECLINE;
-            break;
-        }
-        if (field > 8) {
-            if ((rc = skip_field(b, &pos, n, wire)) != OK) break;
-            continue;
-        }
-        if (field == 5) {
-            if (wire != 0 || rd_varint(b, &pos, n, &v) != OK) {
-                rc = DECLINE;
-                break;
-            }
+        } else if (wire == IC_WIRE_VARINT && field == 5) { /* timestamp_us, int64 */
+            rc = ic_varint(b, n, &pos, &v);
             *ts = (int64_t)v;
-            continue;
-        }
-        if (wire != 2 || rd_delimited(b, &pos, n, &s0, &s1) != OK) {
+        } else if (wire != IC_WIRE_LEN || field == 5 || field > 8) { /* unknown, other wire type */
+            rc = ic_skip(b, n, &pos, wire);
+        } else if (ic_payload(b, n, &pos, &s0, &s1) != OK) {
             rc = DECLINE;
-            break;
-        }
-        if (field == 6) {
+        } else if (field == 6) { /* prefixes */
             Entry e;
             rc = rd_entry(b, s0, s1, &e);
             if (rc == OK) {
@@ -312,14 +281,13 @@ static int rd_update(const uint8_t *b, Py_ssize_t n, PyObject **strs, int64_t *t
                 }
             }
             entry_clear(&e);
-            if (rc != OK) break;
-            continue;
+        } else if (field == 7) {
+            rc = rd_stats(b, s0, s1, stats);
+        } else { /* 1..4 and 8: strings, last wins */
+            int slot = field == 8 ? 4 : (int)field - 1;
+            PyObject *s = rd_text(b, s0, s1, &rc);
+            if (s != NULL) Py_XSETREF(strs[slot], s);
         }
-        /* 1..4 and 8: strings, last wins */
-        int slot = field == 8 ? 4 : (int)field - 1;
-        PyObject *s = rd_text(b, s0, s1, &rc);
-        if (s == NULL) break;
-        Py_XSETREF(strs[slot], s);
     }
     if (rc == OK) rc = run_close(&run, b, items);
     Py_CLEAR(run.counts);
@@ -332,10 +300,12 @@ static PyObject *py_parse_update(PyObject *Py_UNUSED(mod), PyObject *arg) {
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *strs[5] = {NULL, NULL, NULL, NULL, NULL};
     int64_t ts = 0;
-    PyObject *result = NULL;
+    Stats stats;
+    memset(&stats, 0, sizeof(stats));
+    PyObject *result = NULL, *st = NULL;
     PyObject *items = PyList_New(0);
     if (items == NULL) goto done;
-    int rc = rd_update((const uint8_t *)view.buf, view.len, strs, &ts, items);
+    int rc = rd_update((const uint8_t *)view.buf, view.len, strs, &ts, items, &stats);
     if (rc == FAIL) goto done;
     if (rc == DECLINE) {
         result = Py_NewRef(Py_None);
@@ -344,33 +314,30 @@ static PyObject *py_parse_update(PyObject *Py_UNUSED(mod), PyObject *arg) {
     for (int i = 0; i < 5; i++) {
         if (strs[i] == NULL && (strs[i] = PyUnicode_FromStringAndSize("", 0)) == NULL) goto done;
     }
-    result = Py_BuildValue("(OOOOLOO)", strs[0], strs[1], strs[2], strs[3], (long long)ts,
-                           strs[4], items);
+    if (!stats.present) {
+        st = Py_NewRef(Py_None);
+    } else {
+        st = Py_BuildValue("(LddLL)", (long long)stats.memory, (double)stats.hit_rate,
+                           (double)stats.pressure, (long long)stats.t2_hit,
+                           (long long)stats.t2_query);
+        if (st == NULL) goto done;
+    }
+    result = Py_BuildValue("(OOOOLOOO)", strs[0], strs[1], strs[2], strs[3], (long long)ts,
+                           strs[4], items, st);
 done:
     for (int i = 0; i < 5; i++) Py_XDECREF(strs[i]);
     Py_XDECREF(items);
+    Py_XDECREF(st);
     PyBuffer_Release(&view);
     return result;
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-static inline Py_ssize_t varint_len(uint64_t v) {
-    Py_ssize_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
+#define varint_len ic_varint_size
 
 static inline char *put_varint(char *p, uint64_t v) {
-    while (v >= 0x80) {
-        *p++ = (char)((v & 0x7F) | 0x80);
-        v >>= 7;
-    }
-    *p++ = (char)v;
-    return p;
+    return (char *)ic_put_varint((uint8_t *)p, v);
 }
 
 typedef struct {
@@ -475,15 +442,15 @@ done:
 
 static PyMethodDef methods[] = {
     {"parse_update", py_parse_update, METH_O,
-     "parse_update(buf) -> (replica, model, tenant, scheme, ts, adapter, entries) | None"},
+     "parse_update(buf) -> (replica, model, tenant, scheme, ts, adapter, entries, stats) | None"},
     {"encode_entries", py_encode_entries, METH_O,
      "encode_entries([(prefix_hash, token_count, adapter_id, tier)]) -> prefixes field bytes"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "inferencecache.ingestwire._native",
-    "CacheStateUpdate in compact form (see ingestwire/__init__.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "inferencecache.updatewire._native",
+    "CacheStateUpdate in compact form (see updatewire/__init__.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
