@@ -41,13 +41,14 @@ def fell_back(site: str) -> None:
     """Count one call that compiled code handed back to Python at ``site``."""
     FALLBACKS[site] += 1
 
+
 MODULES: Final = (
     "inferencecache.fingerprint._native",
     "inferencecache.index._blockmap",
     "inferencecache.index._rank",
-    "inferencecache.ingestwire._native",
     "inferencecache.kvevents._native",
     "inferencecache.server._lookupwire",
+    "inferencecache.updatewire._native",
 )
 """Every compiled accelerator (pyproject.toml ``ext-modules``; the image build imports each)."""
 
