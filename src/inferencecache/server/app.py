@@ -1,4 +1,5 @@
-"""One running server: gRPC (sync grpcio, thread pool), HTTP (aiohttp thread), TTL sweeper.
+"""One running server: gRPC (sync grpcio, thread pool), HTTP (aiohttp thread), the optional HTTP
+lookup listener (aiohttp on uvloop, its own thread), TTL sweeper.
 
 Why the sync server: at concurrency 1 it measured lower latency than ``grpc.aio`` on this 2-core
 machine, and the LookupRoute targets sit near the transport floor (a trivial unary round trip is
@@ -20,8 +21,10 @@ from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
 from inferencecache.metrics import LazyChildren
-from inferencecache.server.auth import BearerAuth
+from inferencecache.server.auth import BearerAuth, LookupAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
+from inferencecache.server.lookup_http import LookupHttpServer
+from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
@@ -43,6 +46,7 @@ class Listeners:
     grpc: HostPort
     http: HostPort
     admin: HostPort | None = None
+    lookup_http: HostPort | None = None
 
 
 def _grpc_target(addr: HostPort) -> str:
@@ -72,8 +76,11 @@ class Server:
         self.grpc_port = 0
         self.http_port = 0
         self.admin_port: int | None = None
+        self.lookup_http_port: int | None = None
+        self.lookup = LookupPath(backend, metrics, LookupAuth())
         self._grpc: grpc.Server | None = None
         self._http: HttpServer | None = None
+        self._lookup_http: LookupHttpServer | None = None
         self._sweeper: threading.Thread | None = None
         self._stop_sweeper = threading.Event()
         self._ready = threading.Event()
@@ -88,18 +95,23 @@ class Server:
         the not-ready state and call ``start_sweeper()`` later.
         """
         http_sock = bind_tcp("--http-address", self.listeners.http)
-        admin_sock = None
+        admin_sock = lookup_sock = None
         try:
             if self.listeners.admin is not None:
                 admin_sock = bind_tcp("--admin-address", self.listeners.admin)
+            if self.listeners.lookup_http is not None:
+                lookup_sock = bind_tcp("--lookup-http-address", self.listeners.lookup_http)
             self._start_grpc()
         except BaseException:
-            http_sock.close()
-            if admin_sock is not None:
-                admin_sock.close()
+            for sock in (http_sock, admin_sock, lookup_sock):
+                if sock is not None:
+                    sock.close()
             raise
         self.http_port = http_sock.getsockname()[1]
         self.admin_port = admin_sock.getsockname()[1] if admin_sock is not None else None
+        if lookup_sock is not None:
+            self.lookup_http_port = lookup_sock.getsockname()[1]
+            self._lookup_http = LookupHttpServer(lookup_sock, self.lookup)
         cfg = HttpConfig(
             registry=self.metrics.registry,
             metrics=self.metrics,
@@ -114,10 +126,13 @@ class Server:
         self._http = HttpServer(sites)
         try:
             self._http.start()
+            if self._lookup_http is not None:
+                self._lookup_http.start()
         except BaseException:
             if self._grpc is not None:
                 self._grpc.stop(0)
-            for sock in (http_sock, admin_sock):
+            self._http.stop(5.0)
+            for sock in (http_sock, admin_sock, lookup_sock):
                 if sock is not None:
                     sock.close()
             raise
@@ -142,7 +157,7 @@ class Server:
                 ("grpc.so_reuseport", 0),  # a second server on the same port must fail to bind
             ],
         )
-        service = InferenceCacheService(self.backend, self.metrics)
+        service = InferenceCacheService(self.backend, self.metrics, self.lookup)
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -194,6 +209,8 @@ class Server:
         self.health.enter_graceful_shutdown()
         self.metrics.server_up.set(0)
         self._ready.clear()
+        if self._lookup_http is not None:
+            self._lookup_http.stop(grace + 5.0)
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 5.0)
         self._stop_sweeper.set()

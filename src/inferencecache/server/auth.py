@@ -61,3 +61,17 @@ class BearerAuth:
             return UNAUTH
         presented = value.strip().encode("utf-8", "surrogateescape")
         return OK if hmac.compare_digest(presented, self._token) else UNAUTH
+
+
+class LookupAuth:
+    """Who may ask LookupRoute, over gRPC and HTTP alike: the one check both transports call
+    (``server.lookup_path.LookupPath``). Today lookups carry no credentials (the contract's
+    gateways send none), so ``required`` is False and nothing is read per call; a credential
+    scheme for lookups replaces ``check`` and sets ``required``."""
+
+    required = False
+
+    def check(self, credentials: str | None) -> str:
+        """``ok`` or ``unauth`` for the caller's credentials (gRPC ``authorization`` metadata
+        or the HTTP ``Authorization`` header)."""
+        return OK

@@ -90,7 +90,12 @@ def serve(settings: ServeSettings) -> int:
     )
     server = Server(
         backend,
-        Listeners(settings.grpc_address, settings.http_address, settings.admin_address),
+        Listeners(
+            settings.grpc_address,
+            settings.http_address,
+            settings.admin_address,
+            settings.lookup_http_address,
+        ),
         auth=BearerAuth(token),
         metrics=metrics,
         sweep_interval=backend.index.settings.sweep_interval,
@@ -118,6 +123,12 @@ def serve(settings: ServeSettings) -> int:
                 "admin_address": (
                     str(replace(settings.admin_address, port=server.admin_port))
                     if settings.admin_address is not None and server.admin_port is not None
+                    else None
+                ),
+                "lookup_http_address": (
+                    str(replace(settings.lookup_http_address, port=server.lookup_http_port))
+                    if settings.lookup_http_address is not None
+                    and server.lookup_http_port is not None
                     else None
                 ),
                 "admin_auth": token is not None,

@@ -16,7 +16,6 @@ Undecodable requests:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -34,6 +33,8 @@ from inferencecache.index.model import (
 )
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
+from inferencecache.server.lookup_path import LOG_EVERY as _LOG_EVERY
+from inferencecache.server.lookup_path import LookupDenied, LookupPath, RateLimitedLog
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.report_request import parse_update_request
@@ -43,7 +44,6 @@ log = logging.getLogger("inferencecache.server")
 
 SERVICE_NAME = "inferencecache.v1alpha1.InferenceCache"
 _NO_DEADLINE = 1e9  # grpcio reports "no deadline" as ~9.2e18 seconds remaining
-_LOG_EVERY = 10.0  # seconds between two "undecodable request" log lines per method
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -51,6 +51,14 @@ def _peer(context: grpc.ServicerContext) -> str:
         return str(context.peer())
     except Exception:
         return ""
+
+
+def _metadata(context: grpc.ServicerContext, key: str) -> str | None:
+    """One invocation metadata value (read only when the lookup auth check needs it)."""
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return str(v)
+    return None
 
 
 def _client_cancelled(context: grpc.ServicerContext) -> bool:
@@ -102,14 +110,16 @@ def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
 class InferenceCacheService:
     """Method implementations; ``handlers()`` returns the grpcio registration."""
 
-    def __init__(self, backend: ServiceBackend, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, backend: ServiceBackend, metrics: ServerMetrics, lookup: LookupPath | None = None
+    ) -> None:
         self._backend = backend
         self._metrics = metrics
         self._undecodable = LazyChildren(metrics.undecodable)
         self._ingested = LazyChildren(metrics.ingest_messages)
         self._stream_errors = LazyChildren(metrics.stream_errors)
-        self._last_bad_log: dict[str, float] = {}
-        self._lookup_errors = metrics.lookup_errors
+        self._logs = RateLimitedLog()
+        self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs)
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
 
     # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
@@ -139,38 +149,20 @@ class InferenceCacheService:
     def lookup_route(self, request: LookupRequest | Any, context: grpc.ServicerContext) -> bytes:
         """Never a gRPC error: every failure here is a fail-open ``NO_HINT``
         (contract-and-index.md §2.5). Returns the serialized LookupRouteResponse
-        (``lookup_wire.encode_response``)."""
-        start = time.perf_counter()
-        if request is lookup_wire.UNDECODABLE:
-            self._bad_request("LookupRoute", context)
-            return self._fail_open("", start)
+        (``lookup_wire.encode_response``). The work is ``LookupPath.answer``, shared with the
+        HTTP lookup listener."""
+        remaining = context.time_remaining()
         try:
-            remaining = context.time_remaining()
-            if remaining is not None and remaining < _NO_DEADLINE:
-                request.deadline = self._backend.monotonic() + remaining
-            result = self._backend.lookup(request)
-            resp = encode_response(result)
-        except Exception:
-            self._lookup_errors.inc()
-            if self._log_due("lookup-error"):
-                log.exception(
-                    "lookup failed; answering NO_HINT", extra={"model": request.model_id}
-                )
-            return self._fail_open(request.model_id, start)
-        self._metrics.observe_lookup(
-            request.model_id,
-            result.reason_code,
-            bool(result.replica_scores),
-            result.lookup_latency_us / 1e6,
-        )
-        return resp
-
-    def _fail_open(self, model: str, start: float) -> bytes:
-        elapsed = time.perf_counter() - start
-        self._metrics.observe_lookup(model, Reason.NO_HINT, False, elapsed)
-        return _serialize(
-            pb.LookupRouteResponse(reason_code=Reason.NO_HINT, lookup_latency_us=int(elapsed * 1e6))
-        )
+            return self._lookup.answer(
+                request,
+                remaining if remaining is not None and remaining < _NO_DEADLINE else None,
+                encode_response,
+                peer=lambda: _peer(context),
+                credentials=lambda: _metadata(context, "authorization"),
+            )
+        except LookupDenied:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "LookupRoute: unauthenticated")
+            raise  # not reached: abort raises
 
     def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
@@ -255,11 +247,7 @@ class InferenceCacheService:
             )
 
     def _log_due(self, key: str) -> bool:
-        now = time.monotonic()
-        if now - self._last_bad_log.get(key, -_LOG_EVERY) < _LOG_EVERY:
-            return False
-        self._last_bad_log[key] = now
-        return True
+        return self._logs.due(key)
 
     def _reject(self, context: grpc.ServicerContext, method: str) -> None:
         self._bad_request(method, context)

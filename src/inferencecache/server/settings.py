@@ -67,6 +67,13 @@ class ServeSettings:
         param=OPTIONAL_HOST_PORT,
         help="Optional separate listener for the admin paths /snapshot, /policy and /probe.",
     )
+    lookup_http_address: HostPort | None = setting(  # noqa: RUF009
+        None,
+        param=OPTIONAL_HOST_PORT,
+        help="Optional HTTP/1.1 lookup listener: POST /v1/lookup (LookupRouteRequest as JSON "
+        "or protobuf, the same answers as the gRPC method, a fraction of its cost) and "
+        "Dynamo's POST /query. Empty: off.",
+    )
     admin_token_file: str = setting(
         "",
         help="File holding the bearer token the admin paths require. Without it they are "
@@ -153,4 +160,6 @@ class ServeSettings:
         out = [("--grpc-address", self.grpc_address), ("--http-address", self.http_address)]
         if self.admin_address is not None:
             out.append(("--admin-address", self.admin_address))
+        if self.lookup_http_address is not None:
+            out.append(("--lookup-http-address", self.lookup_http_address))
         return out

@@ -43,6 +43,12 @@ class RunningServer:
         return f"http://{LOOPBACK}:{self.server.http_port}"
 
     @property
+    def lookup_url(self) -> str:
+        """Base URL of the HTTP lookup listener (``running_server(lookup_http=True)``)."""
+        assert self.server.lookup_http_port is not None, "started without lookup_http=True"
+        return f"http://{LOOPBACK}:{self.server.lookup_http_port}"
+
+    @property
     def admin_url(self) -> str:
         port = self.server.admin_port or self.server.http_port
         return f"http://{LOOPBACK}:{port}"
@@ -68,6 +74,7 @@ def running_server(
     start_sweeper: bool = True,
     sweep_interval: float | None = None,
     grpc_workers: int = 32,
+    lookup_http: bool = False,
 ) -> Iterator[RunningServer]:
     metrics = ServerMetrics()
     backend = IndexBackend(
@@ -77,6 +84,7 @@ def running_server(
         grpc=HostPort(LOOPBACK, 0),
         http=HostPort(LOOPBACK, 0),
         admin=HostPort(LOOPBACK, 0) if separate_admin else None,
+        lookup_http=HostPort(LOOPBACK, 0) if lookup_http else None,
     )
     server = Server(
         backend,

@@ -1,0 +1,133 @@
+"""The one LookupRoute code path: the gRPC method and the HTTP lookup listener both call
+``LookupPath.answer``, so both transports give the same answer to the same request.
+
+What it does, in order: the lookup auth check (``auth.LookupAuth``, one place for both
+transports), the fail-open answer to an undecodable request (counted once, logged at most every
+10 s), the caller's deadline, ``Router.lookup``, one metric update, and the encoding the
+transport asked for. Nothing here raises: any failure below it is ``NO_HINT``
+(contract-and-index.md §2.5); only a denied credential raises ``LookupDenied``, which each
+transport maps to its own status (gRPC ``UNAUTHENTICATED``, HTTP 401).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from inferencecache.index.model import LookupRequest, LookupResult, Reason
+from inferencecache.metrics import LazyChildren
+from inferencecache.server import lookup_wire
+from inferencecache.server.auth import OK, LookupAuth
+from inferencecache.server.metrics import ServerMetrics
+
+log = logging.getLogger("inferencecache.server")
+
+LOG_EVERY = 10.0
+"""Seconds between two log lines of one kind (undecodable request, lookup error)."""
+
+_T = TypeVar("_T")
+
+
+class LookupBackend(Protocol):
+    def monotonic(self) -> float: ...
+    def lookup(self, request: LookupRequest) -> LookupResult: ...
+
+
+class LookupDenied(Exception):
+    """The lookup auth check refused the caller's credentials."""
+
+
+class RateLimitedLog:
+    """At most one log line per key every ``LOG_EVERY`` seconds (shared by the transports)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(key, -LOG_EVERY) < LOG_EVERY:
+            return False
+        self._last[key] = now
+        return True
+
+
+def _no_peer() -> str:
+    return ""
+
+
+def _no_credentials() -> str | None:
+    return None
+
+
+class LookupPath:
+    """Auth, fail-open, deadline, lookup, metrics and encoding of one LookupRoute call."""
+
+    def __init__(
+        self,
+        backend: LookupBackend,
+        metrics: ServerMetrics,
+        auth: LookupAuth | None = None,
+        logs: RateLimitedLog | None = None,
+    ) -> None:
+        self._lookup = backend.lookup
+        self._monotonic = backend.monotonic
+        self._metrics = metrics
+        self._observe = metrics.observe_lookup
+        self._errors = metrics.lookup_errors
+        self._undecodable = LazyChildren(metrics.undecodable)
+        self._auth = auth if auth is not None else LookupAuth()
+        self._logs = logs if logs is not None else RateLimitedLog()
+
+    def answer(
+        self,
+        request: LookupRequest | lookup_wire._Undecodable,
+        remaining_s: float | None,
+        encode: Callable[[LookupResult], _T],
+        *,
+        method: str = "LookupRoute",
+        peer: Callable[[], str] = _no_peer,
+        credentials: Callable[[], str | None] = _no_credentials,
+    ) -> _T:
+        """The encoded answer to one request. ``remaining_s`` is the caller's deadline in
+        seconds from now (None: none); ``encode`` must accept any ``LookupResult`` (the
+        fail-open answer is encoded by it too)."""
+        start = time.perf_counter()
+        if self._auth.required and self._auth.check(credentials()) != OK:
+            raise LookupDenied(method)
+        if request is lookup_wire.UNDECODABLE:
+            self.count_undecodable(method, peer)
+            return self._fail_open("", start, encode)
+        assert isinstance(request, LookupRequest)
+        try:
+            if remaining_s is not None:
+                request.deadline = self._monotonic() + remaining_s
+            result = self._lookup(request)
+            resp = encode(result)
+        except Exception:
+            self._errors.inc()
+            if self._logs.due("lookup-error"):
+                log.exception("lookup failed; answering NO_HINT", extra={"model": request.model_id})
+            return self._fail_open(request.model_id, start, encode)
+        self._observe(
+            request.model_id,
+            result.reason_code,
+            bool(result.replica_scores),
+            result.lookup_latency_us / 1e6,
+        )
+        return resp
+
+    def count_undecodable(self, method: str, peer: Callable[[], str] = _no_peer) -> None:
+        """Count an undecodable request and log it (at most once per ``LOG_EVERY`` s)."""
+        self._undecodable(method).inc()
+        if self._logs.due(method):
+            log.warning(
+                "undecodable request",
+                extra={"method": method, "peer": peer(), "every_s": LOG_EVERY},
+            )
+
+    def _fail_open(self, model: str, start: float, encode: Callable[[LookupResult], _T]) -> _T:
+        elapsed = time.perf_counter() - start
+        self._observe(model, Reason.NO_HINT, False, elapsed)
+        return encode(LookupResult(Reason.NO_HINT, [], int(elapsed * 1e6)))
