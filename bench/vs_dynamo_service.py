@@ -55,6 +55,7 @@ import json
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,9 @@ BATCHES_PER_LINE = 32
 MAX_LINE = 60_000
 SERVICE = "inferencecache.v1alpha1.InferenceCache"
 
+SHAPES = ("chain", "tokens", "http_chain", "http_tokens")
+TPUT_CALLERS = 32
+TPUT_QUERIES = 4
 STORE = Params(seed=7, workers=1, steps=50_000, capacity=10**9, queries=8, checkpoints=1,
                verify_queries=0)
 EVICT = replace(STORE, seed=8, steps=5_000, capacity=3_000)
@@ -94,7 +98,8 @@ if kind == "grpc":
     send = lambda: call(body, timeout=30)
 else:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    hdr = {"content-type": "application/json"}
+    hdr = {"content-type": "application/x-protobuf" if kind == "httpproto"
+           else "application/json"}
     def send():
         conn.request("POST", path, body, hdr)
         conn.getresponse().read()
@@ -267,7 +272,10 @@ class Stack:
         raise NotImplementedError
 
     def latency_target(self, shape: str, q: Query) -> tuple[str, int, str, bytes]:
-        """(client kind "grpc"|"http", port, path, body) of one query."""
+        """(client kind "grpc"|"http"|"httpproto", port, path, body) of one query. Shapes:
+        ``floor``, ``chain`` and ``tokens`` on each side's own API (gRPC for ours),
+        ``http_chain`` and ``http_tokens`` over HTTP on both sides (ours: the HTTP lookup
+        listener, ``/v1/lookup`` with a protobuf body and Dynamo's own ``/query``)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -407,7 +415,7 @@ class Theirs(Stack):
         if shape == "floor":  # the cheapest POST route: an empty query
             return "http", self.port, "/query_by_hash", json.dumps(
                 {"block_hashes": [], "model_name": "default"}).encode()
-        if shape == "chain":
+        if shape in ("chain", "http_chain"):
             body = {"block_hashes": q.local_hashes, "model_name": "default"}
             return "http", self.port, "/query_by_hash", json.dumps(body).encode()
         body = {"token_ids": q.tokens, "model_name": "default"}
@@ -432,12 +440,14 @@ class Ours(Stack):
         self.serve = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "serve",
              "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+             "--lookup-http-address", "127.0.0.1:0",
              "--block-size", str(block_size), "--max-holds", "0", "--sweep-interval", "1h",
              "--policy-file", str(policy)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env=child_env(), cwd=common.REPO)
         rec = _Drain(self.serve.stderr).wait_for("serving")
         self.port = int(str(rec["grpc_address"]).rsplit(":", 1)[1])
+        self.http_port = int(str(rec["lookup_http_address"]).rsplit(":", 1)[1])
         self.sub = procs.popen(
             [sys.executable, "-m", "inferencecache.cli", "subscribe",
              "--replica-id", "w0", "--model-id", MODEL, "--tenant-id", TENANT,
@@ -478,10 +488,15 @@ class Ours(Stack):
         if shape == "floor":  # a trivial unary RPC (an unimplemented stub): the transport alone
             return "grpc", self.port, f"/{SERVICE}/RenderTemplate", \
                 pb.RenderTemplateRequest().SerializeToString()
-        if shape == "chain":
+        if shape == "http_tokens":  # Dynamo's own request shape, on our HTTP listener
+            body = {"token_ids": q.tokens, "model_name": MODEL, "tenant_id": TENANT}
+            return "http", self.http_port, "/query", json.dumps(body).encode()
+        if shape in ("chain", "http_chain"):
             req = pb.LookupRouteRequest(model_id=MODEL, tenant_id=TENANT, hash_scheme=SCHEME,
                                         block_hashes=q.fingerprints,
                                         block_token_counts=[self.block_size] * len(q.blocks))
+            if shape == "http_chain":
+                return "httpproto", self.http_port, "/v1/lookup", req.SerializeToString()
         else:
             req = pb.LookupRouteRequest(model_id=MODEL, tenant_id=TENANT, hash_scheme=SCHEME,
                                         token_ids=q.tokens)
@@ -505,7 +520,8 @@ def _latencies(kind: str, port: int, path: str, body: bytes, n: int, tmp: Path,
     if client == "h2load":
         framed = b"\x00" + len(body).to_bytes(4, "big") + body if kind == "grpc" else body
         body_file.write_bytes(framed)
-        ctype = "application/grpc" if kind == "grpc" else "application/json"
+        ctype = {"grpc": "application/grpc", "httpproto": "application/x-protobuf"}.get(
+            kind, "application/json")
         base = ["h2load", "-t", "1", "-c", "1", "-m", "1", "-d", str(body_file),
                 "-H", f"content-type: {ctype}"]
         if kind == "grpc":
@@ -533,6 +549,25 @@ def _latencies(kind: str, port: int, path: str, body: bytes, n: int, tmp: Path,
                          timeout=900, env=child_env())
     values: list[float] = json.loads(res.stdout)
     return values
+
+
+def _throughput(kind: str, port: int, path: str, body: bytes, n: int, conc: int,
+                tmp: Path) -> float:
+    """Requests/s of ``n`` HTTP/1.1 requests from ``conc`` keep-alive connections (h2load)."""
+    body_file = tmp / f"tput-{port}.bin"
+    body_file.write_bytes(body)
+    ctype = "application/x-protobuf" if kind == "httpproto" else "application/json"
+    cmd = ["h2load", "--h1", "-t", "1", "-c", str(conc), "-d", str(body_file),
+           "-H", f"content-type: {ctype}", f"http://127.0.0.1:{port}{path}"]
+    subprocess.run([*cmd, "-n", str(max(conc, n // 10))], check=True,
+                   capture_output=True, timeout=300)  # warm-up
+    res = subprocess.run([*cmd, "-n", str(n)], check=True, capture_output=True,
+                         text=True, timeout=600)
+    ok = re.search(r"(\d+) succeeded", res.stdout)
+    rate = re.search(r"finished in [^,]+, ([\d.]+) req/s", res.stdout)
+    if ok is None or rate is None or int(ok.group(1)) < n * 0.99:
+        raise RuntimeError(f"h2load {path}: {res.stdout[-300:]}")
+    return float(rate.group(1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,6 +613,7 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
     """Service comparison; keys ``service_*``. Raises AssertionError on a wrong answer."""
     n_rounds = rounds if rounds is not None else (1 if smoke else 3 if quick else 5)
     n_req = requests if requests is not None else (0 if smoke else 300 if quick else 1000)
+    n_tput = 5_000 if quick else 20_000
     client = client or ("h2load" if shutil.which("h2load") else "python")
     workloads = {"store": SMOKE if smoke else STORE}
     if evict if evict is not None else not (quick or smoke):
@@ -598,14 +634,15 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
         ingest: dict[str, dict[str, list[float]]] = {
             w: {s: [] for s in sides} for w in workloads}
         lat: dict[str, dict[str, list[float]]] = {
-            shape: {s: [] for s in sides} for shape in ("chain", "tokens")}
-        pair_ratios: dict[str, list[float]] = {"chain": [], "tokens": []}
+            shape: {s: [] for s in sides} for shape in SHAPES}
+        pair_ratios: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+        tput: dict[str, list[float]] = {s: [] for s in sides}
         feed: dict[str, list[float]] = {w: [] for w in workloads}
         floor: dict[str, list[float]] = {s: [] for s in sides}
         probe = 1
         for r in range(n_rounds):
             order = sides if r % 2 == 0 else sides[::-1]
-            p50s: dict[str, dict[str, list[float]]] = {"chain": {}, "tokens": {}}
+            p50s: dict[str, dict[str, list[float]]] = {shape: {} for shape in SHAPES}
             for wname, (wl, lines, qs, final, want, blocks) in prepared.items():
                 for side in order:
                     common.log(f"service: round {r + 1}/{n_rounds}, {wname} workload, {side}")
@@ -625,7 +662,14 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
                             continue
                         kind, port, path, body = st.latency_target("floor", qs[0])
                         floor[side].extend(_latencies(kind, port, path, body, n_req, tmp, client))
-                        for shape in ("chain", "tokens"):
+                        if client == "h2load":  # lookups/s at 32 callers, HTTP on both sides
+                            rates = []
+                            for q in qs[:TPUT_QUERIES]:
+                                kind, port, path, body = st.latency_target("http_chain", q)
+                                rates.append(_throughput(kind, port, path, body, n_tput,
+                                                         TPUT_CALLERS, tmp))
+                            tput[side].append(common.median(rates))
+                        for shape in SHAPES:
                             per_q = []
                             for q in qs:
                                 kind, port, path, body = st.latency_target(shape, q)
@@ -665,6 +709,17 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
             common.median(pair_ratios["chain"]))
         out["service_lookup_tokens_p50_ratio_vs_dynamo"] = common.rounded(
             common.median(pair_ratios["tokens"]))
+        out["http_lookup_p50_ratio_vs_dynamo"] = common.rounded(
+            common.median(pair_ratios["http_chain"]))
+        out["http_lookup_tokens_p50_ratio_vs_dynamo"] = common.rounded(
+            common.median(pair_ratios["http_tokens"]))
+    for side, rates in tput.items():
+        if rates:
+            out[f"service_{side}_http_lookups_per_s_c{TPUT_CALLERS}"] = common.rounded(
+                common.median(rates), 0)
+    if len(tput) == 2 and tput["dynamo"] and len(tput["ours"]) == len(tput["dynamo"]):
+        out["http_lookups_per_s_ratio_vs_dynamo"] = common.rounded(common.median(
+            [a / b for a, b in zip(tput["ours"], tput["dynamo"], strict=True)]))
     st_ = prepared["store"][0].stats()
     out["service_workload"] = {"events": st_["events"], "stored_blocks": st_["stored_blocks"],
                                "script_lines": len(prepared["store"][1]),
