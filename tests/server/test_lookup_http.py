@@ -61,7 +61,7 @@ def _random_state(srv: RunningServer, rnd: random.Random) -> list[list[int]]:
     returns the token sequences stored (the queries are built from them)."""
     seqs: list[list[int]] = []
     updates: list[pb.CacheStateUpdate] = []
-    for i in range(40):
+    for _ in range(40):
         base = rnd.choice(seqs) if seqs and rnd.random() < 0.6 else []
         keep = rnd.randrange(0, len(base) // 16 + 1) * 16 if base else 0
         toks = base[:keep] + [rnd.randrange(50_000) for _ in range(16 * rnd.randrange(1, 12))]
@@ -71,7 +71,8 @@ def _random_state(srv: RunningServer, rnd: random.Random) -> list[list[int]]:
                                 hit_rate=rnd.random(), pressure=rnd.random())
         updates.append(update(
             f"r{rnd.randrange(6)}",
-            [chain_entry(toks, tier=rnd.choice([0, 1, 2, 3]), adapter=rnd.choice(["", "", "lora"]))],
+            [chain_entry(toks, tier=rnd.choice([0, 1, 2, 3]),
+                         adapter=rnd.choice(["", "", "lora"]))],
             tenant=tenant, model=rnd.choice([MODEL, MODEL, "m2"]),
             stats=stats if rnd.random() < 0.5 else None,
         ))  # fmt: skip

@@ -57,3 +57,21 @@ class BlockMap:
         """Raise AssertionError if an internal invariant is broken (for tests)."""
     def _tune_candidates(self, min: int, factor: int) -> None:
         """Tests: keep max(factor * k, min) eviction candidates between cap_candidates calls."""
+
+@final
+class Applier:
+    """Applies ICB1 batches (``index/batch.py``) to BlockMap partitions; ``resolve(kind,
+    route)`` returns ``(value, generation)`` as ``batch.resolver`` documents."""
+
+    def __init__(self, resolve: Any) -> None: ...
+    def apply(
+        self,
+        batch: bytes,
+        offset: int,
+        now_us: int,
+        generation: int,
+        max_entries: int,
+        max_hash_bytes: int,
+        stop_after_store: bool,
+        /,
+    ) -> tuple[list[tuple[Any, int, int, int]], int, bool]: ...

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar, TypeVarTuple
 
-from inferencecache.index import apply, eviction
+from inferencecache.index import apply, batch, eviction
 from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
@@ -49,6 +49,18 @@ class StatsView(NamedTuple):
     stats_reported_us: int
 
 
+def _compiled_applier(
+    store_factory: Callable[[], PartitionStore],
+) -> Callable[[batch.Resolver], object] | None:
+    """The compiled batch applier when the index keeps its holds in the compiled store (it
+    writes BlockMaps directly); None otherwise (the reference applies every record)."""
+    try:
+        from inferencecache.index.nativestore import Applier, BlockMap
+    except ImportError:
+        return None
+    return Applier if isinstance(store_factory(), BlockMap) else None
+
+
 class Index:
     """The routing index (contract-and-index.md §3-§7). Every public method is atomic to lookups."""
 
@@ -72,6 +84,7 @@ class Index:
             self.metrics,
             PolicyTable(config or IndexConfig(), self.settings.default_ttl_us),
         )
+        self._batches = batch.Applier(self._state, _compiled_applier(self.store_factory))
 
     # -- configuration --------------------------------------------------------------------
 
@@ -116,6 +129,20 @@ class Index:
                     if tenant != PROBE_TENANT:
                         eviction.enforce_quota(st, tenant)
                     eviction.enforce_cap(st)
+            finally:
+                st.finish()
+
+    def apply_batch(self, data: bytes) -> None:
+        """Apply an ICB1 batch (``index/batch.py``: what the server's wire parsers make of an
+        update or an eviction event, and what an ingest log carries), record by record, each
+        exactly as the update or event it stands for; the probe tenant's records are skipped.
+        ``batch.BatchError`` for bytes that are not a well-formed batch (records before the
+        malformed one stay applied)."""
+        now = self.clock.now_us()
+        st = self._state
+        with self._lock:
+            try:
+                self._batches.apply(data, now)
             finally:
                 st.finish()
 

@@ -40,9 +40,11 @@ class IdPool:
 class Interner:
     """name <-> id with reference counts; unreferenced ids are freed by ``collect``."""
 
-    __slots__ = ("_ids", "_names", "_pending", "_pool", "_refs")
+    __slots__ = ("_ids", "_names", "_pending", "_pool", "_refs", "generation")
 
     def __init__(self) -> None:
+        self.generation = 0
+        """Bumped whenever a name gets or loses an id (caches of name -> id check it)."""
         self._ids: dict[str, int] = {}
         self._names: list[str | None] = []
         self._refs: list[int] = []
@@ -60,6 +62,7 @@ class Interner:
         if ident is not None:
             return ident
         ident = self._pool.take()
+        self.generation += 1
         if ident == len(self._names):
             self._names.append(name)
             self._refs.append(0)
@@ -102,6 +105,7 @@ class Interner:
         for ident in pending:
             name = self._names[ident]
             if name is not None and self._refs[ident] == 0:
+                self.generation += 1
                 del self._ids[name]
                 self._names[ident] = None
                 self._pool.give(ident)

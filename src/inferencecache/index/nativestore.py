@@ -18,12 +18,12 @@ from inferencecache import accelerators
 if accelerators.pure_python_forced("index._blockmap"):
     raise ImportError("inferencecache.index.nativestore is disabled by INFERENCECACHE_PURE_PYTHON")
 
-from inferencecache.index._blockmap import BlockMap
+from inferencecache.index._blockmap import Applier, BlockMap
 
 NativeStore = BlockMap
 """Factory of the compiled store: ``NativeStore()`` is an empty partition."""
 
-__all__ = ["BlockMap", "NativeStore"]
+__all__ = ["Applier", "BlockMap", "NativeStore"]
 
 if TYPE_CHECKING:
     from inferencecache.index.store import PartitionStore

@@ -115,6 +115,7 @@ class IndexState:
         self.policies = policies
         self.replicas = Interner()
         self._pids = IdPool()
+        self._shape = 0  # partitions created or dropped (see ``generation``)
         self.parts: dict[PartKey, Partition] = {}
         self.parts_by_tm: dict[TenantModel, dict[int, Partition]] = {}
         self.parts_by_tenant: dict[str, dict[int, Partition]] = {}
@@ -137,6 +138,7 @@ class IndexState:
         part = self.parts.get(key)
         if part is None:
             part = Partition(self._pids.take(), key, self.store_factory())
+            self._shape += 1
             self.parts[key] = part
             self.parts_by_tm.setdefault(part.tm, {})[part.pid] = part
             self.parts_by_tenant.setdefault(tenant, {})[part.pid] = part
@@ -147,6 +149,7 @@ class IndexState:
         if part.store.key_count() or self.parts.get(part.key) is not part:
             return
         del self.parts[part.key]
+        self._shape += 1
         by_tm = self.parts_by_tm[part.tm]
         del by_tm[part.pid]
         if not by_tm:
@@ -156,6 +159,12 @@ class IndexState:
         if not by_t:
             del self.parts_by_tenant[part.tenant]
         self._pids.give(part.pid)
+
+    @property
+    def generation(self) -> int:
+        """Moves whenever a partition or a replica id is created or freed: what a cache of
+        partitions and replica ids by name (``batch.resolver``) checks."""
+        return self._shape + self.replicas.generation
 
     # -- view maintenance -----------------------------------------------------------------
 

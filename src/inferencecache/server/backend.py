@@ -78,6 +78,9 @@ class IndexBackend:
     def apply_update(self, update: Update | PackedUpdate) -> None:
         self.index.apply_update(update)
 
+    def apply_batch(self, batch: bytes) -> None:
+        self.index.apply_batch(batch)
+
     def apply_event(self, event: EventLike) -> None:
         self.index.apply_event(event)
 

@@ -1,4 +1,6 @@
-"""ReportCacheState's request parser: wire bytes → the index's compact ``PackedUpdate``.
+"""The ingest request parsers: ReportCacheState's wire bytes → an ICB1 batch (``index/batch.py``,
+the usual update) or the index's compact ``PackedUpdate``; PublishEvent's → a batch (an
+eviction) or protobuf's ``CacheEvent``.
 
 Why: Python protobuf materialises every ``PrefixEntry`` as an object and the index then reads
 six attributes of each (~2-3 µs per entry), while the subscriber sends one legacy entry per
@@ -55,6 +57,24 @@ def packed_from_parsed(parsed: updatewire.Parsed) -> PackedUpdate:
     )
 
 
+def parse_event_request(buf: bytes) -> bytes | pb.CacheEvent | lookup_wire._Undecodable:
+    """gRPC request deserializer for PublishEvent: never raises. A batched ``PREFIX_EVICTED``
+    with 8-byte hashes becomes an ICB1 batch (``bytes``); any other event is protobuf's."""
+    pack = updatewire.pack_event
+    if pack is not None:
+        try:
+            packed = pack(buf)
+        except Exception:  # defensive, as above
+            packed = None
+        if packed is not None:
+            return packed
+    try:
+        event: pb.CacheEvent = pb.CacheEvent.FromString(buf)
+    except Exception:
+        return lookup_wire.UNDECODABLE
+    return event
+
+
 def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
     """Protobuf's decoding: the definition of *decodable*."""
     try:
@@ -64,8 +84,19 @@ def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
     return update_from_message(msg)
 
 
-def parse_update_request(buf: bytes) -> PackedUpdate | Update | lookup_wire._Undecodable:
-    """gRPC request deserializer for ReportCacheState: never raises."""
+def parse_update_request(
+    buf: bytes,
+) -> bytes | PackedUpdate | Update | lookup_wire._Undecodable:
+    """gRPC request deserializer for ReportCacheState: never raises. The usual update (one run
+    of legacy entries) becomes an ICB1 batch (``bytes``, ``Index.apply_batch``)."""
+    pack = updatewire.pack_update
+    if pack is not None:
+        try:
+            packed = pack(buf)
+        except Exception:  # defensive: a parser bug must not turn into a gRPC error
+            packed = None
+        if packed is not None:
+            return packed
     parse = updatewire.parse_update
     if parse is not None:
         try:

@@ -37,7 +37,7 @@ from inferencecache.server.lookup_path import LOG_EVERY as _LOG_EVERY
 from inferencecache.server.lookup_path import LookupDenied, LookupPath, RateLimitedLog
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
-from inferencecache.server.report_request import parse_update_request
+from inferencecache.server.report_request import parse_event_request, parse_update_request
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.server")
@@ -90,6 +90,7 @@ class ServiceBackend(Protocol):
 
     def monotonic(self) -> float: ...
     def apply_update(self, update: Update | PackedUpdate) -> None: ...
+    def apply_batch(self, batch: bytes) -> None: ...
     def apply_event(self, event: EventLike) -> None: ...
     def lookup(self, request: LookupRequest) -> LookupResult: ...
     def cache_state(self, tenant_id: str, model_id: str) -> CacheStateView: ...
@@ -221,7 +222,9 @@ class InferenceCacheService:
         contract allows) skips that message, is counted and logged (rate-limited); the stream
         goes on, so a producer is not pushed into a resend loop by one poisoned message."""
         try:
-            if kind == "update":  # already translated by the request deserializer
+            if type(msg) is bytes:  # an ICB1 batch of the request deserializer
+                self._backend.apply_batch(msg)
+            elif kind == "update":  # already translated by the request deserializer
                 self._backend.apply_update(msg)
             else:
                 self._backend.apply_event(msg)
@@ -270,7 +273,7 @@ class InferenceCacheService:
             "LookupPDRoute": (unary, self.lookup_pd_route, safe(pb.LookupPDRouteRequest)),
             "GetCacheState": (unary, self.get_cache_state, safe(pb.GetCacheStateRequest)),
             "ReportCacheState": (stream_in, self.report_cache_state, parse_update_request),
-            "PublishEvent": (unary, self.publish_event, safe(pb.CacheEvent)),
+            "PublishEvent": (unary, self.publish_event, parse_event_request),
             "StreamCacheEvents": (stream_out, self.stream_cache_events,
                                   safe(pb.StreamEventsRequest)),
             "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),

@@ -16,6 +16,11 @@ v1alpha1 in both directions.
   reads any message protobuf decodes, exactly as protobuf reads it; ``None`` means "let
   protobuf decide" (groups, and everything protobuf rejects). ``None`` as the function itself
   means the compiled parser is not in use: protobuf parses everything.
+- ``pack_update(buf)`` → the update as an ICB1 batch (``index/batch.py``: one STORE record of
+  its entries, a STATS record of its stats) when every entry is legacy with one tier and one
+  adapter (a subscriber's usual update), else ``None`` (``parse_update``'s path);
+  ``pack_event(buf)`` → a ``PREFIX_EVICTED`` ``CacheEvent`` with 8-byte hashes as one REMOVE
+  record, else ``None`` (protobuf's path). Same reading rules as ``parse_update``.
 - ``encode_entries(entries)`` → the ``prefixes`` field (6) of a ``CacheStateUpdate`` for
   ``(prefix_hash, token_count, adapter_id, tier)`` tuples, byte for byte what protobuf writes;
   prepend ``encode_header(...)`` for a whole message.
@@ -60,14 +65,18 @@ def _encode_entries_pb(entries: Sequence[Entry], /) -> bytes:
 
 IMPLEMENTATION: Literal["native", "python"]
 parse_update: Callable[[bytes], Parsed | None] | None
+pack_update: Callable[[bytes], bytes | None] | None
+pack_event: Callable[[bytes], bytes | None] | None
 encode_entries: Callable[[Sequence[Entry]], bytes]
 _native = accelerators.load("inferencecache.updatewire._native")
 if _native is not None:
     parse_update = _native.parse_update
+    pack_update = _native.pack_update
+    pack_event = _native.pack_event
     encode_entries = _native.encode_entries
     IMPLEMENTATION = "native"
 else:
-    parse_update = None
+    parse_update = pack_update = pack_event = None
     encode_entries = _encode_entries_pb
     IMPLEMENTATION = "python"
 
@@ -106,6 +115,8 @@ __all__ = [
     "StatsItem",
     "encode_entries",
     "encode_header",
+    "pack_event",
+    "pack_update",
     "parse_update",
     "timestamp_field",
 ]

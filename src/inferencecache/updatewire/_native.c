@@ -332,6 +332,254 @@ done:
     return result;
 }
 
+
+/* ---- packing into the index's batch form (index/batch.py: ICB1) -------------------------- */
+/* pack_update(buf) -> bytes | None: a CacheStateUpdate whose entries are all legacy (8-byte
+ * prefix_hash, no chain fields) with one tier and one adapter, as one ICB1 batch: a STORE
+ * record of the run (if any entries) and a STATS record (if stats are present). None for any
+ * other update (the caller takes parse_update's path) and for everything parse_update declines.
+ * pack_event(buf) -> bytes | None: a PREFIX_EVICTED CacheEvent whose hashes are all 8 bytes as
+ * one REMOVE record; None otherwise. The appender's timestamp is 0 (the applier's clock). */
+
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Grow;
+
+static int grow_put(Grow *g, const void *src, Py_ssize_t len) {
+    if (g->n + len > g->cap) {
+        Py_ssize_t ncap = g->cap ? g->cap : 1024;
+        while (ncap < g->n + len) ncap *= 2;
+        char *np = (char *)PyMem_Realloc(g->p, (size_t)ncap);
+        if (np == NULL) {
+            PyErr_NoMemory();
+            return FAIL;
+        }
+        g->p = np;
+        g->cap = ncap;
+    }
+    memcpy(g->p + g->n, src, (size_t)len);
+    g->n += len;
+    return OK;
+}
+
+static inline void put_le32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static inline void put_le64(uint8_t *p, uint64_t v) {
+    put_le32(p, (uint32_t)v);
+    put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t n;
+} Span;
+
+/* Size of a route of five strings. */
+static Py_ssize_t route_size(const Span *s) {
+    Py_ssize_t n = 0;
+    for (int i = 0; i < 5; i++) n += 4 + s[i].n;
+    return n;
+}
+
+static uint8_t *put_route(uint8_t *o, const Span *s) {
+    for (int i = 0; i < 5; i++) {
+        put_le32(o, (uint32_t)s[i].n);
+        memcpy(o + 4, s[i].p, (size_t)s[i].n);
+        o += 4 + s[i].n;
+    }
+    return o;
+}
+
+static uint8_t *put_rec_header(uint8_t *o, int kind, Py_ssize_t body) {
+    o[0] = (uint8_t)kind;
+    o[1] = o[2] = o[3] = 0;
+    put_le32(o + 4, (uint32_t)body);
+    return o + 8;
+}
+
+static const uint8_t EMPTY[1] = {0};
+
+static PyObject *py_pack_update(PyObject *Py_UNUSED(mod), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *b = (const uint8_t *)view.buf;
+    Py_ssize_t n = view.len, pos = 0;
+    Span str[5] = {{EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}};
+    /* replica, model, tenant, scheme, update adapter: fields 1, 2, 3, 4, 8 */
+    int64_t ts = 0;
+    Stats stats;
+    memset(&stats, 0, sizeof(stats));
+    Grow hashes = {NULL, 0, 0}, counts = {NULL, 0, 0};
+    Py_ssize_t entries = 0;
+    int32_t tier = 0;
+    Span ad = {EMPTY, 0};
+    int rc = OK;
+    PyObject *result = NULL;
+    while (pos < n && rc == OK) {
+        uint32_t field;
+        int wire;
+        uint64_t v;
+        Py_ssize_t s0, s1;
+        if (ic_tag(b, n, &pos, &field, &wire) != OK) {
+            rc = DECLINE;
+        } else if (wire == IC_WIRE_VARINT && field == 5) {
+            rc = ic_varint(b, n, &pos, &v);
+            ts = (int64_t)v;
+        } else if (wire != IC_WIRE_LEN || field == 5 || field > 8) {
+            rc = ic_skip(b, n, &pos, wire);
+        } else if (ic_payload(b, n, &pos, &s0, &s1) != OK) {
+            rc = DECLINE;
+        } else if (field == 6) {
+            Entry e;
+            rc = rd_entry(b, s0, s1, &e);
+            if (rc == OK) {
+                if (e.hashes != NULL || e.counts != NULL || e.ph1 - e.ph0 != 8) {
+                    rc = DECLINE; /* a chain or odd entry: parse_update's path */
+                } else if (entries > 0 && (e.tier != tier || e.ad1 - e.ad0 != ad.n ||
+                                           memcmp(b + e.ad0, ad.p, (size_t)ad.n) != 0)) {
+                    rc = DECLINE; /* more than one run */
+                } else {
+                    tier = e.tier;
+                    ad.p = b + e.ad0;
+                    ad.n = e.ad1 - e.ad0;
+                    uint8_t c[4];
+                    put_le32(c, (uint32_t)e.tc);
+                    if (grow_put(&hashes, b + e.ph0, 8) != OK || grow_put(&counts, c, 4) != OK)
+                        rc = FAIL;
+                    entries++;
+                }
+            }
+            entry_clear(&e);
+        } else if (field == 7) {
+            rc = rd_stats(b, s0, s1, &stats);
+        } else {
+            rc = check_text(b, s0, s1);
+            int slot = field == 8 ? 4 : (int)field - 1;
+            str[slot].p = b + s0;
+            str[slot].n = s1 - s0;
+        }
+    }
+    if (rc == FAIL) goto done;
+    if (rc == DECLINE || (entries > 0 && str[3].n == 0)) { /* empty scheme: drops, counted */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    {
+        /* route order: tenant, model, scheme, adapter, replica */
+        Span route[5] = {str[2], str[1], str[3], ad.n ? ad : str[4], str[0]};
+        Span sroute[5] = {str[2], str[1], str[3], {EMPTY, 0}, str[0]};
+        Py_ssize_t store_body = route_size(route) + 16 + 12 * entries;
+        Py_ssize_t stats_body = route_size(sroute) + 8 + 8 + 4 + 4 + 8 + 8;
+        Py_ssize_t total = 12 + (entries ? 8 + store_body : 0) + (stats.present ? 8 + stats_body : 0);
+        result = PyBytes_FromStringAndSize(NULL, total);
+        if (result == NULL) goto done;
+        uint8_t *o = (uint8_t *)PyBytes_AS_STRING(result);
+        memcpy(o, "ICB1", 4);
+        put_le64(o + 4, 0);
+        o += 12;
+        if (entries) {
+            o = put_rec_header(o, 1, store_body);
+            o = put_route(o, route);
+            put_le64(o, (uint64_t)ts);
+            put_le32(o + 8, (uint32_t)tier);
+            put_le32(o + 12, (uint32_t)entries);
+            o += 16;
+            memcpy(o, hashes.p, (size_t)(8 * entries));
+            o += 8 * entries;
+            memcpy(o, counts.p, (size_t)(4 * entries));
+            o += 4 * entries;
+        }
+        if (stats.present) {
+            o = put_rec_header(o, 4, stats_body);
+            o = put_route(o, sroute);
+            put_le64(o, (uint64_t)ts);
+            put_le64(o + 8, (uint64_t)stats.memory);
+            memcpy(o + 16, &stats.hit_rate, 4);
+            memcpy(o + 20, &stats.pressure, 4);
+            put_le64(o + 24, (uint64_t)stats.t2_hit);
+            put_le64(o + 32, (uint64_t)stats.t2_query);
+        }
+    }
+done:
+    PyMem_Free(hashes.p);
+    PyMem_Free(counts.p);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *py_pack_event(PyObject *Py_UNUSED(mod), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *b = (const uint8_t *)view.buf;
+    Py_ssize_t n = view.len, pos = 0;
+    Span str[5] = {{EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}, {EMPTY, 0}};
+    /* replica 2, model 3, tenant 4, adapter 7 */
+    int64_t ts = 0, type = 0;
+    Span ph = {EMPTY, 0};
+    Grow more = {NULL, 0, 0};
+    int rc = OK, odd = 0;
+    PyObject *result = NULL;
+    while (pos < n && rc == OK) {
+        uint32_t field;
+        int wire;
+        uint64_t v;
+        Py_ssize_t s0, s1;
+        if (ic_tag(b, n, &pos, &field, &wire) != OK) {
+            rc = DECLINE;
+        } else if (wire == IC_WIRE_VARINT && (field == 1 || field == 6)) {
+            rc = ic_varint(b, n, &pos, &v);
+            if (field == 1) type = ic_as_int32(v);
+            else ts = (int64_t)v;
+        } else if (wire != IC_WIRE_LEN || field == 1 || field == 6 || field > 8) {
+            rc = ic_skip(b, n, &pos, wire);
+        } else if (ic_payload(b, n, &pos, &s0, &s1) != OK) {
+            rc = DECLINE;
+        } else if (field == 5) {
+            ph.p = b + s0;
+            ph.n = s1 - s0;
+        } else if (field == 8) {
+            if (s1 - s0 != 8) odd = 1;
+            else if (grow_put(&more, b + s0, 8) != OK) rc = FAIL;
+        } else {
+            rc = check_text(b, s0, s1);
+            int slot = field == 2 ? 0 : field == 3 ? 1 : field == 4 ? 2 : 3;
+            str[slot].p = b + s0;
+            str[slot].n = s1 - s0;
+        }
+    }
+    if (rc == FAIL) goto done;
+    if (rc == DECLINE || type != 2 || odd || ph.n != 8) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    {
+        Span route[5] = {str[2], str[1], {EMPTY, 0}, str[3], str[0]};
+        Py_ssize_t nh = 1 + more.n / 8;
+        Py_ssize_t body = route_size(route) + 12 + 8 * nh;
+        result = PyBytes_FromStringAndSize(NULL, 12 + 8 + body);
+        if (result == NULL) goto done;
+        uint8_t *o = (uint8_t *)PyBytes_AS_STRING(result);
+        memcpy(o, "ICB1", 4);
+        put_le64(o + 4, 0);
+        o = put_rec_header(o + 12, 2, body);
+        o = put_route(o, route);
+        put_le64(o, (uint64_t)ts);
+        put_le32(o + 8, (uint32_t)nh);
+        memcpy(o + 12, ph.p, 8);
+        if (more.n) memcpy(o + 20, more.p, (size_t)more.n);
+    }
+done:
+    PyMem_Free(more.p);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* ---- writing ------------------------------------------------------------------------------ */
 
 #define varint_len ic_varint_size
@@ -441,6 +689,10 @@ done:
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
+    {"pack_update", py_pack_update, METH_O,
+     "pack_update(buf) -> ICB1 batch bytes of a one-run legacy CacheStateUpdate, or None"},
+    {"pack_event", py_pack_event, METH_O,
+     "pack_event(buf) -> ICB1 batch bytes of a PREFIX_EVICTED CacheEvent, or None"},
     {"parse_update", py_parse_update, METH_O,
      "parse_update(buf) -> (replica, model, tenant, scheme, ts, adapter, entries, stats) | None"},
     {"encode_entries", py_encode_entries, METH_O,
