@@ -183,17 +183,18 @@ class Ours:
         return {"events": len(calls), "queries": len(self.requests), "store": store}
 
     def _apply(self, index: Any, calls: list[tuple[int, Any]]) -> None:
-        from inferencecache.server.report_request import parse_update_request
-        from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+        from inferencecache.server.report_request import parse_event_request, parse_update_request
 
         au = index.apply_update
         ae = index.apply_event
-        parse_event = pb.CacheEvent.FromString
+        ab = index.apply_batch
         for kind, obj in calls:
             if kind == 2:  # what the server does per ReportCacheState message
-                au(parse_update_request(obj))
+                msg = parse_update_request(obj)
+                ab(msg) if type(msg) is bytes else au(msg)
             elif kind == 3:  # per PublishEvent message
-                ae(parse_event(obj))
+                msg = parse_event_request(obj)
+                ab(msg) if type(msg) is bytes else ae(msg)
             elif kind == 0:
                 au(obj)
             else:
