@@ -176,8 +176,9 @@ def test_pack_update_and_event_match_protobuf() -> None:
         else:
             assert recs == []
     # two runs, a chain entry, a 16-byte hash: parse_update's path
-    two = pb.CacheStateUpdate(prefixes=[pb.PrefixEntry(prefix_hash=b"\x01" * 8, tier=pb.CACHE_TIER_T1),
-                                        pb.PrefixEntry(prefix_hash=b"\x02" * 8, tier=pb.CACHE_TIER_T2)])
+    two = pb.CacheStateUpdate(prefixes=[
+        pb.PrefixEntry(prefix_hash=b"\x01" * 8, tier=pb.CACHE_TIER_T1),
+        pb.PrefixEntry(prefix_hash=b"\x02" * 8, tier=pb.CACHE_TIER_T2)])
     assert updatewire.pack_update(two.SerializeToString()) is None
     chain = pb.CacheStateUpdate(prefixes=[pb.PrefixEntry(block_hashes=[b"\x01" * 8],
                                                          block_token_counts=[16])])

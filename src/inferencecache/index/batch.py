@@ -284,32 +284,32 @@ class Applier:
 
     def apply(self, batch: bytes, now_us: int) -> None:
         st = self._st
-        default_ts = appended_us(batch) or now_us
         c_apply = self._apply
         if c_apply is None:
             apply_reference(st, batch, now_us)
             return
         settings = st.settings
+        max_entries = settings.max_entries_per_update
+        max_hash = settings.max_hash_bytes
         n = len(batch)
         pos = HEADER
         while pos < n:
             # quota, cap and the cap pool need a look after every STORE (as after an update)
             check = bool(st.policies.quotas) or settings.max_holds > 0 or st.cap_pool is not None
             deltas, nxt, defer = c_apply(
-                batch, pos, now_us, st.generation, settings.max_entries_per_update,
-                settings.max_hash_bytes, check,
-            )  # fmt: skip
+                batch, pos, now_us, st.generation, max_entries, max_hash, check
+            )
             for part, rid, dk, dh in deltas:
                 if dh > 0 or dk > 0:
                     st.added(part, rid, dk, dh)
                 else:
                     st.removed_per_replica(part, {rid: -dh}, -dk)
             if check and nxt > pos and not defer:
-                self._after(batch, pos, nxt, default_ts)
+                self._after(batch, pos, nxt, appended_us(batch) or now_us)
             pos = nxt
             if defer:
                 rec, pos = record_at(batch, pos)
-                apply_record(st, rec, default_ts)
+                apply_record(st, rec, appended_us(batch) or now_us)
 
     def _after(self, batch: bytes, start: int, stop: int, default_ts: int) -> None:
         """The quota and cap rules after the compiled applier's last STORE (it stops after

@@ -8,6 +8,7 @@ that can block for long (prompt tokenization) never runs under the lock.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar, TypeVarTuple
 
@@ -22,6 +23,7 @@ from inferencecache.index.store import PartitionStore
 from inferencecache.index.tenant_config import EffectivePolicy, IndexConfig, PolicyTable
 
 _Ts = TypeVarTuple("_Ts")
+_time_ns = time.time_ns
 _T = TypeVar("_T")
 
 
@@ -84,6 +86,7 @@ class Index:
             self.metrics,
             PolicyTable(config or IndexConfig(), self.settings.default_ttl_us),
         )
+        self._sysclock = type(self.clock) is SystemClock  # now_us() = time_ns() // 1000
         self._batches = batch.Applier(self._state, _compiled_applier(self.store_factory))
 
     # -- configuration --------------------------------------------------------------------
@@ -138,13 +141,12 @@ class Index:
         exactly as the update or event it stands for; the probe tenant's records are skipped.
         ``batch.BatchError`` for bytes that are not a well-formed batch (records before the
         malformed one stay applied)."""
-        now = self.clock.now_us()
-        st = self._state
+        now = _time_ns() // 1000 if self._sysclock else self.clock.now_us()
         with self._lock:
             try:
                 self._batches.apply(data, now)
             finally:
-                st.finish()
+                self._state.finish()
 
     def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
         """Apply one CacheEvent (contract-and-index.md §4.4); a batched ``PREFIX_EVICTED``

@@ -93,6 +93,11 @@ class Interner:
         if refs == 0:
             self._pending.append(ident)
 
+    @property
+    def pending(self) -> bool:
+        """Whether ``collect`` has ids to look at."""
+        return bool(self._pending)
+
     def refs(self, ident: int) -> int:
         return self._refs[ident]
 

@@ -216,8 +216,10 @@ class IndexState:
 
     def added(self, part: Partition, rid: int, new_keys: int, new_holds: int) -> None:
         """Account for an upsert into ``part`` by replica ``rid``."""
-        self.keys_delta(part, new_keys)
-        self.holds_delta(part, rid, new_holds)
+        if new_keys:
+            self.keys_delta(part, new_keys)
+        if new_holds:
+            self.holds_delta(part, rid, new_holds)
 
     def removed_per_replica(self, part: Partition, per_replica: dict[int, int], keys: int) -> None:
         """Account for removals from ``part`` (holds per replica, keys) and drop it if empty."""
@@ -249,6 +251,8 @@ class IndexState:
 
     def finish(self) -> None:
         """Flush metric deltas and free unreferenced replica ids (end of every mutation)."""
+        if not (self.dropped or self._dirty_models or self.replicas.pending):
+            return
         metrics = self.metrics
         if self.dropped:
             for reason, n in self.dropped.items():
