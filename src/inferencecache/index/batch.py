@@ -292,6 +292,8 @@ class Applier:
         max_entries = settings.max_entries_per_update
         max_hash = settings.max_hash_bytes
         n = len(batch)
+        if n < HEADER or not batch.startswith(MAGIC):
+            raise BatchError("not an ICB1 batch")
         pos = HEADER
         while pos < n:
             # quota, cap and the cap pool need a look after every STORE (as after an update)
