@@ -7,7 +7,8 @@ Sections (each is another script's ``run(quick)``; nothing is measured twice):
 - ``service``     bench/vs_dynamo_service.py: subscribe+serve vs Dynamo's indexer service
 - ``fingerprint`` bench/fingerprint.py: 8192 tokens → 512-hash chain
 - ``index``       bench/index.py: bytes per hold, store walk
-- ``grpc_lookup`` bench/grpc_lookup.py: LookupRoute over gRPC on loopback
+- ``grpc_lookup`` bench/grpc_lookup.py: LookupRoute over gRPC on loopback, the server stacks
+- ``gateway``     bench/gateway.py: what the reference gateway adds, its hint round trip
 - ``e2e_ingest``  bench/e2e_ingest.py: fake engine → subscriber → server, blocks/s
 - ``refresh``     bench/refresh.py: CPU of keeping live holds alive (subscriber and server)
 
@@ -40,14 +41,15 @@ from typing import Any
 
 from bench import common
 
-SECTIONS = ("vs_dynamo", "service", "fingerprint", "index", "grpc_lookup", "e2e_ingest",
-            "refresh")
+SECTIONS = ("vs_dynamo", "service", "fingerprint", "index", "grpc_lookup", "gateway",
+            "e2e_ingest", "refresh")
 MODULES = {
     "vs_dynamo": "bench.vs_dynamo",
     "service": "bench.vs_dynamo_service",
     "fingerprint": "bench.fingerprint",
     "index": "bench.index",
     "grpc_lookup": "bench.grpc_lookup",
+    "gateway": "bench.gateway",
     "e2e_ingest": "bench.e2e_ingest",
     "refresh": "bench.refresh",
 }
@@ -56,6 +58,17 @@ MODULES = {
 TARGETS: dict[str, tuple[str, float, str, str]] = {
     "lookup_speedup_vs_dynamo": (">=", 3.0, "×", "in process: lookups/s, ours ÷ Dynamo RadixTree"),
     "ingest_speedup_vs_dynamo": (">=", 5.0, "×", "in process: events/s, ours ÷ Dynamo RadixTree"),
+    "inproc_ingest_ratio_vs_dynamo_fast": (">=", 3.0, "×",
+                                           "in process: blocks/s ÷ Dynamo, fast mode"),
+    "inproc_lookup_ratio_vs_dynamo_fast": (">=", 3.0, "×",
+                                           "in process: lookups/s ÷ Dynamo, fast mode"),
+    "http_lookup_p50_ratio_vs_dynamo": ("<=", 1.0, "×",
+                                        "services: lookup p50, our HTTP ÷ dynamo.indexer HTTP"),
+    "http_lookups_per_s_ratio_vs_dynamo": (">=", 1.0, "×",
+                                           "services: lookups/s, 32 callers, HTTP"),
+    "grpc_lookup_chain_over_floor": ("<=", 1.15, "×",
+                                     "LookupRoute chain p50 ÷ trivial RPC p50, same server"),
+    "demo_hint_overhead_p50_ms": ("<", 0.5, "ms", "gateway's hint round trip p50 (network path)"),
     "service_ingest_speedup_vs_dynamo": (">=", 2.0, "×",
                                          "services: blocks/s, subscribe+serve ÷ dynamo.indexer"),
     "service_lookup_p50_ratio_vs_dynamo": ("<=", 1.0, "×",
@@ -64,6 +77,7 @@ TARGETS: dict[str, tuple[str, float, str, str]] = {
     "grpc_lookup_chain_p99_us": ("<=", 1000.0, "µs", "LookupRoute, 512-block chain, c=1, p99"),
     "grpc_lookup_tokens_p50_us": ("<=", 500.0, "µs", "LookupRoute, 8192 token_ids, c=1, p50"),
     "grpc_lookup_tokens_p99_us": ("<=", 1500.0, "µs", "LookupRoute, 8192 token_ids, c=1, p99"),
+    "grpc_floor_p50_us": ("", 0.0, "µs", "trivial unary RPC p50 on the serve stack (context)"),
     "e2e_ingest_blocks_per_s": (">=", 100_000.0, "/s", "engine → subscriber → server"),
     "bytes_per_hold_10m": ("<=", 120.0, "B", "RSS per hold at 10M holds"),
     "fingerprint_us_8k": ("<=", 20.0, "µs", "8192 tokens → 512-hash chain"),
@@ -77,14 +91,21 @@ DETAILS: tuple[tuple[str, str], ...] = (
     ("inproc_ours_lookup_p50_us", "in process: our Router.lookup p50 µs"),
     ("inproc_ours_lookup_p99_us", "in process: our Router.lookup p99 µs"),
     ("inproc_ours_walk_p50_us", "in process: our store walk alone p50 µs"),
-    ("inproc_dynamo_lookup_p50_us", "in process: Dynamo find_matches p50 µs"),
-    ("inproc_dynamo_lookup_p99_us", "in process: Dynamo find_matches p99 µs"),
+    ("inproc_dynamo_fast_lookup_p50_us", "in process: Dynamo find_matches p50 µs, fast mode"),
+    ("inproc_dynamo_slow_lookup_p50_us", "in process: Dynamo find_matches p50 µs, slow mode"),
+    ("inproc_ours_lookups_per_s", "in process: our lookups/s"),
+    ("inproc_dynamo_fast_lookups_per_s", "in process: Dynamo lookups/s, fast mode"),
+    ("inproc_dynamo_slow_lookups_per_s", "in process: Dynamo lookups/s, slow mode"),
+    ("inproc_lookup_ratio_vs_dynamo_slow", "in process: lookups/s ÷ Dynamo, slow mode"),
     ("lookup_raw_speedup_vs_dynamo", "in process: our walk alone ÷ Dynamo, lookups/s"),
     ("inproc_ours_ingest_events_per_s", "in process: our ingest events/s"),
     ("inproc_ours_chain_ingest_events_per_s", "in process: our ingest events/s, chain entries"),
     ("inproc_ours_legacy_ingest_events_per_s",
      "in process: our ingest events/s, legacy objects, 1 event/evicted block"),
-    ("inproc_dynamo_ingest_events_per_s", "in process: Dynamo ingest events/s"),
+    ("inproc_ours_ingest_blocks_per_s", "in process: our ingest blocks/s"),
+    ("inproc_dynamo_fast_ingest_blocks_per_s", "in process: Dynamo ingest blocks/s, fast mode"),
+    ("inproc_dynamo_slow_ingest_blocks_per_s", "in process: Dynamo ingest blocks/s, slow mode"),
+    ("inproc_ingest_ratio_vs_dynamo_slow", "in process: blocks/s ÷ Dynamo, slow mode"),
     ("service_ours_ingest_blocks_per_s", "services: our ingest blocks/s"),
     ("service_dynamo_ingest_blocks_per_s", "services: Dynamo ingest blocks/s"),
     ("service_engine_feed_blocks_per_s", "services: fake engine feed blocks/s (ceiling)"),
@@ -95,10 +116,22 @@ DETAILS: tuple[tuple[str, str], ...] = (
     ("service_dynamo_floor_p50_us", "services: empty HTTP query p50 µs (their floor)"),
     ("service_ours_lookup_chain_p50_us", "services: our LookupRoute (chain) p50 µs"),
     ("service_dynamo_lookup_chain_p50_us", "services: Dynamo /query_by_hash p50 µs"),
+    ("service_ours_lookup_http_chain_p50_us", "services: our HTTP /v1/lookup (chain) p50 µs"),
+    ("service_dynamo_lookup_http_chain_p50_us", "services: Dynamo /query_by_hash p50 µs (HTTP)"),
+    ("http_lookup_tokens_p50_ratio_vs_dynamo", "services: /query (tokens) p50, ours ÷ theirs"),
+    ("service_ours_http_lookups_per_s_c32", "services: our HTTP lookups/s, 32 callers"),
+    ("service_dynamo_http_lookups_per_s_c32", "services: Dynamo HTTP lookups/s, 32 callers"),
     ("service_lookup_tokens_p50_ratio_vs_dynamo", "services: token-id lookup p50 ratio"),
     ("grpc_lookup_holds", "gRPC lookup: holds loaded"),
     ("grpc_lookup_baseline_p50_us", "gRPC lookup: trivial unary RPC p50 µs (floor)"),
     ("grpc_lookup_chain_p50_us_c8", "gRPC lookup: chain p50 µs at concurrency 8"),
+    ("grpc_stack_sync_p50_us", "gRPC stack: sync server, trivial RPC p50 µs (c=1)"),
+    ("grpc_stack_aio_uvloop_p50_us", "gRPC stack: grpc.aio on uvloop, trivial RPC p50 µs"),
+    ("grpc_stack_sync_per_s_c32", "gRPC stack: sync server, RPCs/s at 32 callers"),
+    ("grpc_stack_aio_uvloop_per_s_c32", "gRPC stack: grpc.aio on uvloop, RPCs/s at 32 callers"),
+    ("gateway_hint_grpc_p50_ms", "gateway: hint round trip p50 ms over gRPC"),
+    ("gateway_hint_http_p50_ms", "gateway: hint round trip p50 ms over HTTP"),
+    ("gateway_added_p50_ms", "gateway: latency it adds to a request, p50 ms"),
     ("bytes_per_hold_1m", "bytes per hold at 1M holds"),
     ("fingerprint_floor_bulk_us", "fingerprint floor: one XXH3 call over 32 KiB, µs"),
     ("refresh_entries_per_s_per_engine", "refresh: entries/s per engine (20k blocks, 10 min)"),
@@ -136,7 +169,13 @@ def _met(key: str, value: Any) -> bool | None:
     if key not in TARGETS or not isinstance(value, int | float):
         return None
     op, target, _unit, _what = TARGETS[key]
-    return value >= target if op == ">=" else value <= target
+    if op == ">=":
+        return value >= target
+    if op == "<=":
+        return value <= target
+    if op == "<":
+        return value < target
+    return None  # a figure without a target
 
 
 def _runner(section: str, mode: str, peer: bool) -> Callable[[], dict[str, Any]]:
@@ -195,7 +234,7 @@ def run(mode: str = "full", *, peer: bool = True, only: list[str] | None = None,
     for key in REQUIRED_KEYS:
         res.setdefault(key, None)
     res["targets"] = {
-        key: {"target": f"{op} {target:g}{unit}", "value": res.get(key),
+        key: {"target": f"{op} {target:g}{unit}" if op else "—", "value": res.get(key),
               "met": _met(key, res.get(key))}
         for key, (op, target, unit, _what) in TARGETS.items()
     }

@@ -48,11 +48,14 @@ def route_of(headers):
     ]
 
 
-async def test_prefix_match_routes_to_the_warm_replica():
-    with running_server() as srv:
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+async def test_prefix_match_routes_to_the_warm_replica(transport: str):
+    """Over gRPC (``--server``) and over the HTTP lookup listener (``--lookup-url``) alike."""
+    with running_server(lookup_http=True) as srv:
         load(srv, report("r1", P), report("r0", Q))
+        via = {"lookup_url": srv.lookup_url} if transport == "http" else {}
         async with engines("a", "b") as stubs, gateway(
-            settings(engines_flag(stubs), server=host_port(srv.grpc_target))
+            settings(engines_flag(stubs), server=host_port(srv.grpc_target), **via)
         ) as (_, url), client() as c:
             for _ in range(4):
                 status, headers, body = await post(c, url, {"model": "m", "prompt": P + [7] * 5})
@@ -243,9 +246,11 @@ async def test_unknown_model_is_logged_and_falls_back(caplog: pytest.LogCaptureF
             assert metric_value(page, fallbacks, cause="unknown") == 2
 
 
-async def test_server_down_never_fails_a_request():
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+async def test_server_down_never_fails_a_request(transport: str):
+    via = {"lookup_url": dead_url()} if transport == "http" else {}
     async with engines("a", "b") as stubs, gateway(
-        settings(engines_flag(stubs), server=HostPort("127.0.0.1", free_port()))
+        settings(engines_flag(stubs), server=HostPort("127.0.0.1", free_port()), **via)
     ) as (_, url), client() as c:
         picks = []
         for _ in range(4):

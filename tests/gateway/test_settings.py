@@ -99,3 +99,10 @@ def test_routing_params_override_or_turn_off_the_guard():
     assert (policy.balance_abs_threshold, policy.min_match_fraction) == (0, 0.0)
     s = GatewaySettings(engines="r0=http://x:1", routing_params="balance_abs_threshold=8")
     assert s.effective_policy_params == {"balance_abs_threshold": 8, "min_match_fraction": 0.3}
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8081", "https://h:1", "http://", "http://h:1/x"])
+def test_lookup_url_must_be_an_http_base_url(url: str) -> None:
+    with pytest.raises(ValueError, match="--lookup-url"):
+        GatewaySettings(engines="r0=http://127.0.0.1:1", lookup_url=url)
+    assert GatewaySettings(engines="r0=http://127.0.0.1:1", lookup_url="http://h:1").lookup_url

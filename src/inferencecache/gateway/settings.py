@@ -98,6 +98,13 @@ class GatewaySettings:
     server: HostPort = setting(  # noqa: RUF009
         DEFAULT_SERVER, param=HOST_PORT, help="Server gRPC address for LookupRoute."
     )
+    lookup_url: str = setting(
+        "",
+        help="Base URL of the server's HTTP lookup listener (serve --lookup-http-address), e.g. "
+        "http://127.0.0.1:8081: hints over HTTP/1.1 keep-alive, the cheaper path; empty: gRPC "
+        "on --server.",
+        metavar="URL",
+    )
     lookup_timeout: float = setting(
         0.05, param=DURATION, help="LookupRoute deadline; on expiry the request is routed anyway."
     )
@@ -176,6 +183,13 @@ class GatewaySettings:
             raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
         if not self.hash_scheme:
             raise ValueError("--hash-scheme must not be empty")
+        if self.lookup_url:
+            url = urlsplit(self.lookup_url)
+            if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+                raise ValueError(
+                    f"--lookup-url {self.lookup_url!r}: give http://HOST:PORT (the server's "
+                    "--lookup-http-address)"
+                )
         if not _HEADER.match(self.tenant_header):
             raise ValueError(f"--tenant-header: {self.tenant_header!r} is not a header name")
         if not self.tenant_id:
