@@ -93,8 +93,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     n = 300 if quick else 2000
     with Children() as procs:
         server = procs.start("serve", "--grpc-address", "127.0.0.1:0",
-                             "--http-address", "127.0.0.1:0", "--block-size", str(BLOCK))
-        grpc_address = server.wait_log("serving", timeout=30)["grpc_address"]
+                             "--http-address", "127.0.0.1:0", "--lookup-http-address",
+                             "127.0.0.1:0", "--block-size", str(BLOCK))
+        rec = server.wait_log("serving", timeout=30)
+        grpc_address = rec["grpc_address"]
+        lookup_url = f"http://{rec['lookup_http_address']}"
         engines = []
         for _ in range(2):
             e = procs.start("fake-engine", "--mode", "simulated",
@@ -117,13 +120,22 @@ def run(quick: bool = False) -> dict[str, Any]:
             )]), timeout=10)
         flag = f"r0=http://{engines[0]},r1=http://{engines[1]}"
         out: dict[str, Any] = {"prompt_tokens": len(PROMPT), "block_size": BLOCK}
-        for policy in ("round_robin", "cache_aware"):
+        # the hint transports, interleaved: gRPC (--server) and HTTP (--lookup-url)
+        variants = {"round_robin": [], "cache_aware": [], "cache_aware_http": ["--lookup-url",
+                                                                               lookup_url]}
+        for name, extra in variants.items():
+            policy = name.removesuffix("_http")
             gw = procs.start("gateway", "--engines", flag, "--server", grpc_address,
                              "--http-address", "127.0.0.1:0", "--routing-policy", policy,
-                             "--block-size", str(BLOCK))
+                             "--block-size", str(BLOCK), *extra)
             addr = gw.wait_log("serving", timeout=30)["http_address"]
-            out[policy] = asyncio.run(measure(engines[0], addr, n))
+            out[name] = asyncio.run(measure(engines[0], addr, n))
             procs.stop(gw)
+        out["gateway_hint_grpc_p50_ms"] = out["cache_aware"]["hint_rtt_p50_ms"]
+        out["gateway_hint_http_p50_ms"] = out["cache_aware_http"]["hint_rtt_p50_ms"]
+        out["gateway_added_p50_ms"] = out["cache_aware_http"]["added_p50_ms"]
+        # what the demo's gateways use (the HTTP path, the cheaper one): docs/gateway.md
+        out["demo_hint_overhead_p50_ms"] = out["gateway_hint_http_p50_ms"]
         return out
 
 
@@ -136,7 +148,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    for policy in ("round_robin", "cache_aware"):
+    for policy in ("round_robin", "cache_aware", "cache_aware_http"):
         r = res[policy]
         print(
             f"{policy:12s} direct p50 {r['direct_p50_ms']:.3f} ms  via gateway p50 "

@@ -421,7 +421,7 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
             def ratio(a: list[float], b: list[float]) -> float | None:
                 return common.rounded(common.median([x / y for x, y in zip(a, b, strict=True)]))
 
-            def rounds(a: list[float], b: list[float]) -> list[float | None]:
+            def per_round(a: list[float], b: list[float]) -> list[float | None]:
                 return [common.rounded(x / y) for x, y in zip(a, b, strict=True)]
 
             o = per["ours"]
@@ -438,7 +438,7 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
             out["lookup_raw_speedup_vs_dynamo"] = ratio(o["raw"], t["lookup"])
             out["inproc_lookup_p50_ratio_vs_dynamo"] = ratio(o["p50"], t["p50"])
             out["inproc_speedup_rounds"] = {
-                f"{what}_{mode}": rounds(o[key], per[f"dynamo_{mode}"][key])
+                f"{what}_{mode}": per_round(o[key], per[f"dynamo_{mode}"][key])
                 for mode in DYNAMO_MODES
                 for what, key in (("lookup", "lookup"), ("ingest", "ingest_blocks"))
             }

@@ -356,3 +356,46 @@ async def test_a_server_that_comes_up_later_is_used():
                 return h["X-Cache-Route-Reason"] == "PREFIX_MATCH"
 
             await wait_until(routed, timeout=10)
+
+
+async def test_http_hint_client_times_out_and_survives_bad_answers():
+    """A listener that answers late, not 200, or without a length: a hint code, never an
+    exception, and the next lookup still works on a fresh connection."""
+    import asyncio
+
+    from inferencecache.gateway.hints import HttpHintClient
+
+    answers = [b"", b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\n\r\n"]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        answer = answers.pop(0) if answers else None
+        if answer:
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+        elif answer is None:  # a real answer from the real server below would do: time out
+            await asyncio.sleep(1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    chain = fingerprint.chain_packed(P, 16)
+    client = HttpHintClient(f"http://127.0.0.1:{port}", 0.2, "vllm", 16)
+    try:
+        assert await client.start(1.0)
+        got = [(await client.lookup("t", "m", "", chain)).reason_code for _ in range(4)]
+        assert got == ["HINT_TIMEOUT", "HINT_ERROR", "HINT_ERROR", "HINT_TIMEOUT"]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    with running_server(lookup_http=True) as srv:
+        load(srv, report("r1", P))
+        client = HttpHintClient(srv.lookup_url, 1.0, "vllm", 16)
+        try:
+            for _ in range(3):
+                hint = await client.lookup("default", "m", "", chain)
+                assert hint.reason_code == "PREFIX_MATCH" and hint.replicas == ("r1",)
+        finally:
+            await client.close()

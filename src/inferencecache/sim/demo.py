@@ -75,6 +75,7 @@ class Cluster:
 
     grpc: str = ""
     server_http: str = ""
+    lookup_http: str = ""  # the server's HTTP lookup listener (the gateways' hint path)
     engines: dict[str, str] = field(default_factory=dict)  # replica -> http host:port
 
 
@@ -97,7 +98,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
     c = Cluster()
     server = _start(children, "server", [
         "serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-        "--block-size", str(eng.block_size),
+        "--lookup-http-address", "127.0.0.1:0", "--block-size", str(eng.block_size),
     ])
     adapters = adapters_of(plan.workload)
     lora = ",".join(f"{i + 1}={a}" for i, a in enumerate(adapters))
@@ -121,6 +122,7 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
     rec = server.wait_log("serving", START_TIMEOUT)
     c.grpc = _addr(rec, "grpc_address")
     c.server_http = _addr(rec, "http_address")
+    c.lookup_http = _addr(rec, "lookup_http_address")
     zmq_endpoints: dict[str, str] = {}
     for name, child in engines:
         rec = child.wait_log("simulated engine ready", START_TIMEOUT)
@@ -152,6 +154,7 @@ def spawn_gateway(plan: DemoPlan, c: Cluster, children: Children, policy: str) -
     engines = ",".join(f"{n}=http://{a}" for n, a in c.engines.items())
     args = [
         "gateway", "--engines", engines, "--server", c.grpc,
+        "--lookup-url", f"http://{c.lookup_http}",  # hints over HTTP: the cheaper path
         "--http-address", "127.0.0.1:0", "--routing-policy", policy,
         "--block-size", str(plan.engine.block_size), "--tenant-id", cluster.TENANT,
     ]
