@@ -21,7 +21,7 @@ TOKS = tokens(48, start=7)
 
 @pytest.fixture
 def srv() -> Iterator[RunningServer]:
-    with running_server(config=CONFIG) as s:
+    with running_server(config=CONFIG, lookup_http=True) as s:
         s.stub().ReportCacheState(one_shot(update("r1", [chain_entry(TOKS)])), timeout=10)
         yield s
 
@@ -52,6 +52,30 @@ def test_lookup_tokens_prints_the_response_as_json(srv: RunningServer) -> None:
         "token_ids",
         "adapter_id",
     }
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_lookup_over_http_prints_what_grpc_prints(srv: RunningServer, chain: bool) -> None:
+    """``--lookup-url``: the same request over the HTTP lookup listener, the same answer."""
+    extra = ["--client-chain"] if chain else []
+    via_grpc = lookup(srv, "--tokens", ",".join(map(str, TOKS)), *extra)
+    via_http = lookup(srv, "--tokens", ",".join(map(str, TOKS)), *extra,
+                      "--lookup-url", srv.lookup_url)
+    for doc in (via_grpc, via_http):  # latency and freshness-scaled values move with time
+        doc.pop("lookup_latency_us")
+        for score in doc["replica_scores"]:  # type: ignore[attr-defined]
+            del score["score"], score["estimated_cache_hit_prob"]
+    assert via_http == via_grpc and via_http["reason_code"] == "PREFIX_MATCH"
+
+
+def test_lookup_over_http_unreachable_exits_1() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    res = run_cli(["lookup", "--lookup-url", f"http://127.0.0.1:{port}", "--model-id", "m",
+                   "--tokens", "1,2,3"])
+    assert res.returncode == 1 and "unreachable" in res.stderr
 
 
 def test_lookup_client_chain_gives_the_same_answer(srv: RunningServer) -> None:

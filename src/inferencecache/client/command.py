@@ -9,10 +9,12 @@ is given, in which case the chain is computed here with ``--block-size`` and sen
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 import grpc
@@ -40,6 +42,12 @@ class LookupSettings:
     model_id: str = setting(help="Model id of the lookup.", required=True)
     server: HostPort = setting(  # noqa: RUF009 (HostPort is frozen)
         DEFAULT_GRPC_ADDRESS, param=HOST_PORT, help="Server gRPC address."
+    )
+    lookup_url: str = setting(
+        "",
+        help="Ask over the server's HTTP lookup listener instead of gRPC (serve "
+        "--lookup-http-address), e.g. http://127.0.0.1:8081: the cheaper path.",
+        metavar="URL",
     )
     tenant_id: str = setting("default", help="Tenant id (the engines' pod namespace).")
     hash_scheme: str = setting("vllm", help="Hash scheme of the chain.")
@@ -81,6 +89,10 @@ class LookupSettings:
             raise ValueError(f"--block-size must be > 0, got {self.block_size}")
         if self.timeout <= 0:
             raise ValueError("--timeout must be > 0")
+        if self.lookup_url:
+            url = urlsplit(self.lookup_url)
+            if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+                raise ValueError(f"--lookup-url {self.lookup_url!r}: give http://HOST:PORT")
 
 
 def parse_token_list(text: str, source: str) -> list[int]:
@@ -160,6 +172,32 @@ def to_json(resp: pb.LookupRouteResponse) -> str:
     return text
 
 
+def _over_http(settings: LookupSettings, req: pb.LookupRouteRequest) -> pb.LookupRouteResponse:
+    """``POST /v1/lookup`` with the request's protobuf bytes (one keep-alive-free call)."""
+    url = urlsplit(settings.lookup_url)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port or 80,
+                                      timeout=settings.timeout)  # fmt: skip
+    try:
+        conn.request("POST", "/v1/lookup", req.SerializeToString(),
+                     {"Content-Type": "application/x-protobuf"})  # fmt: skip
+        r = conn.getresponse()
+        raw = r.read()
+    except TimeoutError:
+        raise click.ClickException(
+            f"server {settings.lookup_url} did not answer within the {settings.timeout:g}s "
+            "timeout"
+        ) from None
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise click.ClickException(f"server {settings.lookup_url} unreachable: {reason}") from None
+    finally:
+        conn.close()
+    if r.status != 200:
+        raise click.ClickException(f"LookupRoute failed: HTTP {r.status}: {raw[:200]!r}")
+    resp: pb.LookupRouteResponse = pb.LookupRouteResponse.FromString(raw)
+    return resp
+
+
 @click.command("lookup", context_settings=CONTEXT)
 @command_options(LookupSettings)
 def lookup(settings: LookupSettings) -> int:
@@ -168,6 +206,9 @@ def lookup(settings: LookupSettings) -> int:
         req = build_request(settings)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    if settings.lookup_url:
+        click.echo(to_json(_over_http(settings, req)))
+        return 0
     target = str(settings.server)
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.InferenceCacheStub(channel)  # type: ignore[no-untyped-call]
