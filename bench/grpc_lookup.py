@@ -74,6 +74,73 @@ print(json.dumps(lat))
 """
 
 
+STACK_SERVER = r"""
+import asyncio, sys
+from concurrent import futures
+import grpc
+kind = sys.argv[1]
+def ident(b): return b
+def h_sync(req, ctx): return b""
+async def h_aio(req, ctx): return b""
+def handlers(fn):
+    return (grpc.method_handlers_generic_handler("t.T", {"M": grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=ident, response_serializer=ident)}),)
+if kind == "sync":
+    s = grpc.server(futures.ThreadPoolExecutor(max_workers=256))
+    s.add_generic_rpc_handlers(handlers(h_sync))
+    print(s.add_insecure_port("127.0.0.1:0"), flush=True)
+    s.start()
+    s.wait_for_termination()
+else:
+    import uvloop
+    async def main():
+        s = grpc.aio.server()
+        s.add_generic_rpc_handlers(handlers(h_aio))
+        print(s.add_insecure_port("127.0.0.1:0"), flush=True)
+        await s.start()
+        await s.wait_for_termination()
+    uvloop.run(main())
+"""
+STACKS = ("sync", "aio_uvloop")
+
+
+def stack_figures(quick: bool, tmp: Path) -> dict[str, float]:
+    """The gRPC server stacks grpcio offers, each a trivial unary RPC in its own process,
+    measured by h2load at 1 and 32 callers in interleaved rounds (why ``serve`` runs the one
+    it runs: docs/server.md "Concurrency")."""
+    n = 3_000 if quick else 10_000
+    body = tmp / "empty.bin"
+    body.write_bytes(_frame(b""))
+    res: dict[str, list[float]] = {}
+    for _round in range(2 if quick else 3):
+        for kind in STACKS:
+            proc = subprocess.Popen([sys.executable, "-c", STACK_SERVER, kind.split("_")[0]],
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                assert proc.stdout is not None
+                port = int(proc.stdout.readline())
+                url = f"http://127.0.0.1:{port}/t.T/M"
+                base = ["h2load", "-t", "1", "-m", "1", "-d", str(body), "-H",
+                        "content-type: application/grpc", "-H", "te: trailers"]
+                subprocess.run([*base, "-c", "1", "-n", "500", url], check=True,
+                               capture_output=True, timeout=120)
+                log = tmp / "stack.log"
+                log.unlink(missing_ok=True)
+                subprocess.run([*base, "-c", "1", "-n", str(n), "--log-file", str(log), url],
+                               check=True, capture_output=True, timeout=300)
+                lat = [float(c.split("\t")[2]) for c in log.read_text().splitlines()
+                       if c.split("\t")[1] == "200"]
+                res.setdefault(f"grpc_stack_{kind}_p50_us", []).append(_percentile(lat, 0.5))
+                out = subprocess.run([*base, "-c", "32", "-n", str(n), url], check=True,
+                                     capture_output=True, text=True, timeout=300).stdout
+                rate = float(out.split(" req/s")[0].rsplit(" ", 1)[1])
+                res.setdefault(f"grpc_stack_{kind}_per_s_c32", []).append(rate)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    return {k: round(statistics.median(v), 1) for k, v in res.items()}
+
+
 def _percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     if not s:
@@ -356,6 +423,11 @@ def run(quick: bool, client: str | None = None) -> dict[str, Any]:
         out[f"grpc_lookup_{shape}_over_baseline_p50"] = round(
             out[f"grpc_lookup_{shape}_p50_us"] / out["grpc_lookup_baseline_p50_us"], 2
         )
+    out["grpc_floor_p50_us"] = out["grpc_lookup_baseline_p50_us"]
+    out["grpc_lookup_chain_over_floor"] = out["grpc_lookup_chain_over_baseline_p50"]
+    if client == "h2load":
+        with tempfile.TemporaryDirectory() as tmpdir:
+            out.update(stack_figures(quick, Path(tmpdir)))
     return out
 
 
