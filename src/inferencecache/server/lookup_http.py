@@ -7,16 +7,21 @@
   gRPC method (an undecodable body is ``NO_HINT``), except 413 for a body over 16 MiB (the
   gRPC receive bound) and 401 when the lookup auth check refuses the caller.
 - ``POST /query``: the request and answer shape of NVIDIA Dynamo's standalone KV indexer, so its
-  clients can point at us (400 for a body that is not JSON, 422 for a JSON body of another
-  shape, as Dynamo answers).
+  clients can point at us (415 without a JSON content type, 400 for a body that is not JSON,
+  422 for JSON of another shape, as Dynamo answers).
 
-Why a listener of its own: a trivial gRPC unary call costs ~250-400 µs here in grpcio's Python
-server machinery, an HTTP/1.1 request on aiohttp's low-level server (C parser) on uvloop
-~60-80 µs (docs/benchmarks.md). Every request goes through ``LookupPath.answer``, the code
-the gRPC method runs, so both transports give the same answers (tested on thousands of
-requests). It runs on its own uvloop event loop in one thread; the index part of a lookup is a
-few µs under the index lock, so it runs inline on the loop; a ``prompt_text`` lookup, which
-waits for a tokenizer, runs in the default executor.
+Every request goes through ``LookupPath.answer``, the code the gRPC method runs, so both
+transports give the same answers (tested on thousands of requests).
+
+Why this transport: a trivial gRPC unary call costs ~250-400 µs here in grpcio's Python server
+machinery; aiohttp's low-level server on uvloop ~60-80 µs of CPU per request, about half of
+Dynamo's indexer's throughput at 32 callers. This listener is an ``asyncio.Protocol`` on uvloop
+(compiled event loop) with httptools (compiled llhttp parser, what uvicorn uses) doing all the
+HTTP parsing: per request only the callbacks and the lookup run in Python
+(docs/benchmarks.md, docs/decisions.md). It runs on its own event loop in one thread; the
+index part of a lookup is a few µs under the index lock, so it runs inline; a ``prompt_text``
+lookup, which waits for a tokenizer, runs in the default executor, and the connection reads
+nothing more until its answer is written (answers stay in request order).
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import asyncio
 import logging
 import socket
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import cast
 
-from aiohttp import web
-from aiohttp.web_exceptions import HTTPRequestEntityTooLarge
+import httptools
 
 from inferencecache.index.model import LookupRequest, LookupResult
 from inferencecache.server import lookup_json, lookup_wire
@@ -38,10 +43,17 @@ from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
 log = logging.getLogger("inferencecache.server.http")
 
 PROTOBUF_TYPES = frozenset(
-    {"application/x-protobuf", "application/protobuf", "application/octet-stream"}
+    {b"application/x-protobuf", b"application/protobuf", b"application/octet-stream"}
 )
-_JSON = "application/json"
-_PROTO = "application/x-protobuf"
+_JSON = b"application/json"
+_PROTO = b"application/x-protobuf"
+_TEXT = b"text/plain"
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
+            405: b"Method Not Allowed", 413: b"Payload Too Large",
+            415: b"Unsupported Media Type", 422: b"Unprocessable Entity"}  # fmt: skip
+
+Answer = tuple[int, bytes, bytes, bytes]
+"""(status, content type, body, extra header lines)."""
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -53,89 +65,214 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _response(status: int, body: bytes, content_type: str) -> web.Response:
-    return web.Response(status=status, body=body, content_type=content_type)
+def _media_type(value: bytes) -> bytes:
+    return value.split(b";", 1)[0].strip().lower()
 
 
 class LookupHttp:
-    """The request handler: routes by path, decodes, calls ``LookupPath.answer``, encodes."""
+    """Routes, decodes, calls ``LookupPath.answer`` and encodes: one request to one answer."""
 
     def __init__(self, path: LookupPath) -> None:
         self._answer = path.answer
         self._bad_query = path.count_undecodable
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        route = request.path
-        if route != "/v1/lookup" and route != "/query":
-            return _response(404, b"not found\n", "text/plain")
-        if request.method != "POST":
-            return web.Response(status=405, text="method not allowed\n", headers={"Allow": "POST"})
+    def handle(
+        self, method: bytes, route: bytes, ctype: bytes, auth: bytes | None, body: bytes,
+        peer: Callable[[], str],
+    ) -> Answer | LookupRequest:  # fmt: skip
+        """The answer, or (a ``prompt_text`` lookup) the request for ``run_blocking``."""
+        if route != b"/v1/lookup" and route != b"/query":
+            return 404, _TEXT, b"not found\n", b""
+        if method != b"POST":
+            return 405, _TEXT, b"method not allowed\n", b"Allow: POST\r\n"
+        credentials: Callable[[], str | None] = lambda: (  # noqa: E731
+            auth.decode("latin-1") if auth is not None else None
+        )
         try:
-            body = await request.read()
-        except HTTPRequestEntityTooLarge:
-            return _response(413, b"body larger than 16 MiB\n", "text/plain")
-        headers = request.headers
-        try:
-            if route == "/query":
-                return await self._query(body, headers, request)
-            if request.content_type in PROTOBUF_TYPES:
-                req: LookupRequest | lookup_wire._Undecodable = (
-                    lookup_wire.parse_lookup_request(body)
-                )
-                out = await self._run(req, lookup_wire.encode_response, request, "http:/v1/lookup")
-                return _response(200, out, _PROTO)
-            req = lookup_json.parse_request(body)
-            out = await self._run(req, lookup_json.encode_response, request, "http:/v1/lookup")
-            return _response(200, out, _JSON)
+            if route == b"/query":
+                if ctype != _JSON:
+                    return (415, _TEXT, b"Expected request with `Content-Type: application/json`",
+                            b"")  # fmt: skip
+                req = lookup_json.parse_query(body)
+                if isinstance(req, tuple):
+                    self._bad_query("http:/query", peer)
+                    return req[0], _TEXT, req[1].encode(), b""
+                if req.prompt_text:
+                    return req
+                out = self._answer(req, None, lookup_json.encode_dynamo, method="http:/query",
+                                   peer=peer, credentials=credentials)  # fmt: skip
+                return 200, _JSON, out, b""
+            proto = ctype in PROTOBUF_TYPES
+            parsed = lookup_wire.parse_lookup_request(body) if proto else \
+                lookup_json.parse_request(body)  # fmt: skip
+            if isinstance(parsed, LookupRequest) and parsed.prompt_text:
+                return parsed
+            encode = lookup_wire.encode_response if proto else lookup_json.encode_response
+            out = self._answer(parsed, None, encode, method="http:/v1/lookup", peer=peer,
+                               credentials=credentials)  # fmt: skip
+            return 200, _PROTO if proto else _JSON, out, b""
         except LookupDenied:
-            return web.Response(
-                status=401, text="unauthorized\n", headers={"WWW-Authenticate": "Bearer"}
-            )
+            return 401, _TEXT, b"unauthorized\n", b"WWW-Authenticate: Bearer\r\n"
 
-    async def _query(self, body: bytes, headers: Any, request: web.BaseRequest) -> web.Response:
-        if request.content_type != _JSON:
-            return _response(415, b"Expected request with `Content-Type: application/json`",
-                             "text/plain")  # fmt: skip
-        req = lookup_json.parse_query(body)
-        if isinstance(req, tuple):
-            status, reason = req
-            self._bad_query(method="http:/query")
-            return _response(status, reason.encode(), "text/plain")
-        out = await self._run(req, lookup_json.encode_dynamo, request, "http:/query")
-        return _response(200, out, _JSON)
-
-    async def _run(
-        self,
-        req: LookupRequest | lookup_wire._Undecodable,
-        encode: Any,
-        request: web.BaseRequest,
-        method: str,
-    ) -> bytes:
-        def peer() -> str:
-            return request.remote or ""
-
-        def credentials() -> str | None:
-            return request.headers.get("Authorization")
-
-        if isinstance(req, LookupRequest) and req.prompt_text:
-            # waits for a tokenizer (bounded by the pipeline's deadline): off the loop
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                None, lambda: self._answer(req, None, encode, method=method, peer=peer,
-                                           credentials=credentials))  # fmt: skip
-        out: bytes = self._answer(req, None, encode, method=method, peer=peer,
-                                  credentials=credentials)  # fmt: skip
-        return out
+    def run_blocking(
+        self, req: LookupRequest, route: bytes, ctype: bytes, auth: bytes | None,
+        peer: Callable[[], str],
+    ) -> Answer:  # fmt: skip
+        """A lookup that may wait for a tokenizer (called in an executor)."""
+        try:
+            credentials = lambda: auth.decode("latin-1") if auth is not None else None  # noqa: E731
+            if route == b"/query":
+                out = self._answer(req, None, lookup_json.encode_dynamo, method="http:/query",
+                                   peer=peer, credentials=credentials)  # fmt: skip
+                return 200, _JSON, out, b""
+            proto = ctype in PROTOBUF_TYPES
+            encode = lookup_wire.encode_response if proto else lookup_json.encode_response
+            out = self._answer(req, None, encode, method="http:/v1/lookup", peer=peer,
+                               credentials=credentials)  # fmt: skip
+            return 200, _PROTO if proto else _JSON, out, b""
+        except LookupDenied:
+            return 401, _TEXT, b"unauthorized\n", b"WWW-Authenticate: Bearer\r\n"
 
 
-def _request_factory(server: web.Server) -> Any:
-    def make(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-        return web.BaseRequest(
-            message, payload, protocol, writer, task, server._loop,
-            client_max_size=MAX_RECEIVE_MESSAGE_BYTES,
+class _Connection(asyncio.Protocol):
+    """One client connection: httptools parses, ``LookupHttp`` answers, in request order."""
+
+    def __init__(self, app: LookupHttp, connections: set[_Connection]) -> None:
+        self._app = app
+        self._connections = connections
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._ctype = b""
+        self._auth: bytes | None = None
+        self._body: list[bytes] = []
+        self._size = 0
+        self._too_large = False
+        self._busy = False  # an answer is being computed off the loop
+        self._closing = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, b"upgrade not supported\n")
+        except httptools.HttpParserError:
+            self._fail(400, b"malformed HTTP request\n")
+
+    # -- httptools callbacks -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._ctype = b""
+        self._auth = None
+        self._body = []
+        self._size = 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname == b"content-type":
+            self._ctype = _media_type(value)
+        elif lname == b"authorization":
+            self._auth = value
+        elif lname == b"expect" and value.lower() == b"100-continue" and self._transport:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > MAX_RECEIVE_MESSAGE_BYTES:
+            self._too_large = True
+            self._body = []
+        elif not self._too_large:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep = self._parser.should_keep_alive()
+        if self._too_large:
+            self._write((413, _TEXT, b"body larger than 16 MiB\n", b""), False)
+            return
+        route = self._url.split(b"?", 1)[0]
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        method = self._parser.get_method()
+        try:
+            out = self._app.handle(method, route, self._ctype, self._auth, body, self._peer)
+        except Exception:  # LookupPath never raises; a bug here drops this request only
+            log.exception("HTTP lookup failed")
+            self._write((500, _TEXT, b"internal error\n", b""), False)
+            return
+        if isinstance(out, LookupRequest):
+            self._later(out, route, keep)
+        else:
+            self._write(out, keep)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _peer(self) -> str:
+        t = self._transport
+        info = t.get_extra_info("peername") if t is not None else None
+        return f"{info[0]}:{info[1]}" if info else ""
+
+    def _later(self, req: LookupRequest, route: bytes, keep: bool) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        transport.pause_reading()  # answers stay in request order
+        self._busy = True
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, self._app.run_blocking, req, route, self._ctype,
+                                   self._auth, self._peer)  # fmt: skip
+
+        def done(f: asyncio.Future[Answer]) -> None:
+            self._busy = False
+            try:
+                answer = f.result()
+            except Exception:
+                log.exception("HTTP lookup failed")
+                answer = (500, _TEXT, b"internal error\n", b"")
+                keep_ = False
+            else:
+                keep_ = keep
+            self._write(answer, keep_)
+            if self._transport is not None and keep_:
+                self._transport.resume_reading()
+
+        fut.add_done_callback(done)
+
+    def _write(self, answer: Answer, keep: bool) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        status, ctype, body, extra = answer
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s" % (
+            status, _REASONS.get(status, b"Error"), ctype, len(body), extra,
         )  # fmt: skip
+        if keep and not self._closing:
+            transport.write(head + b"\r\n" + body)
+        else:
+            transport.write(head + b"Connection: close\r\n\r\n" + body)
+            transport.close()
 
-    return make
+    def _fail(self, status: int, text: bytes) -> None:
+        self._write((status, _TEXT, text, b""), False)
+
+    def shutdown(self) -> None:
+        """Close now when idle, else after the answer being computed."""
+        self._closing = True
+        if not self._busy and self._transport is not None:
+            self._transport.close()
 
 
 class LookupHttpServer:
@@ -143,12 +280,12 @@ class LookupHttpServer:
 
     def __init__(self, sock: socket.socket, path: LookupPath) -> None:
         self._sock = sock
-        self._handler = LookupHttp(path)
+        self._app = LookupHttp(path)
+        self._connections: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._server: web.Server | None = None
         self._listener: asyncio.AbstractServer | None = None
 
     def start(self, timeout: float = 10.0) -> None:
@@ -178,18 +315,22 @@ class LookupHttpServer:
             loop.close()
 
     async def _setup(self) -> None:
-        server = web.Server(self._handler, access_log=None)
-        server.request_factory = _request_factory(server)
-        self._server = server
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(server, sock=self._sock, backlog=512)
+        app, conns = self._app, self._connections
+        self._listener = await loop.create_server(
+            lambda: _Connection(app, conns), sock=self._sock, backlog=512
+        )
 
     async def _cleanup(self) -> None:
         try:
             if self._listener is not None:
                 self._listener.close()
-            if self._server is not None:
-                await self._server.shutdown(5.0)
+            for conn in list(self._connections):
+                conn.shutdown()
+            for _ in range(50):  # in-flight prompt_text answers: bounded wait
+                if not self._connections:
+                    break
+                await asyncio.sleep(0.1)
         except Exception:
             log.exception("HTTP lookup listener cleanup failed")
 
