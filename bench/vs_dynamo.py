@@ -71,7 +71,8 @@ from bench.workload import (
 from inferencecache.procs import Children, child_env
 
 TENANT, MODEL, SCHEME = "bench", "bench-model", "vllm"
-DYNAMO_MODES = ("fast", "slow")
+PLACEMENTS = ("split", "shared")  # where Dynamo's threads run (peer_dynamo.py "mode")
+DYNAMO_MODES = ("fast", "slow")  # per round and figure: the better and the worse placement
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +261,9 @@ class Ours:
 
 
 def _worker_main(store: str) -> int:
+    from inferencecache.server.command import GC_THRESHOLD
+
+    gc.set_threshold(*GC_THRESHOLD)  # as in `serve`, whose index this process stands for
     ours = Ours(store)
     for line in sys.stdin:
         if not line.strip():
@@ -345,11 +349,11 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
         }
         if peer_py is not None:
             # one process per placement of Dynamo's threads (peer_dynamo.py "mode")
-            for mode in DYNAMO_MODES:
-                sides[f"dynamo_{mode}"] = w = common.Worker(
+            for place in PLACEMENTS:
+                sides[f"dynamo_{place}"] = w = common.Worker(
                     procs, [str(peer_py), str(common.BENCH_DIR / "peer_dynamo.py")],
-                    f"dynamo-{mode}", env=child_env({"DYN_LOG": "error"}), cwd=common.REPO)
-                w.call({"op": "mode", "mode": mode})
+                    f"dynamo-{place}", env=child_env({"DYN_LOG": "error"}), cwd=common.REPO)
+                w.call({"op": "mode", "mode": place})
         for name, w in sides.items():
             rep = w.call({"op": "load", "path": str(path)})
             if name == "ours":
@@ -416,7 +420,23 @@ def run(quick: bool = False, *, smoke: bool = False, rounds: int | None = None,
                 out[f"inproc_{name}_walk_per_s"] = common.rounded(common.median(d["raw"]), 0)
                 out[f"inproc_{name}_walk_p50_us"] = common.rounded(common.median(d["raw_p50"]))
                 out[f"inproc_{name}_walk_p99_us"] = common.rounded(common.median(d["raw_p99"]))
-        if "dynamo_fast" in per:
+        if "dynamo_split" in per:
+            # Dynamo's fast and slow modes: per round, its better and worse placement of each
+            # figure (throughputs: higher is better; latencies: lower)
+            a, b = per["dynamo_split"], per["dynamo_shared"]
+            for mode, pick in (("fast", max), ("slow", min)):
+                per[f"dynamo_{mode}"] = {
+                    k: [(pick(x, y) if k in ("ingest", "ingest_blocks", "lookup")
+                         else (min(x, y) if pick is max else max(x, y)))
+                        for x, y in zip(a[k], b[k], strict=True)]
+                    for k in ("ingest", "ingest_blocks", "lookup", "p50", "p99")
+                }
+                for key, vals in per[f"dynamo_{mode}"].items():
+                    name = {"ingest": "ingest_events_per_s", "ingest_blocks":
+                            "ingest_blocks_per_s", "lookup": "lookups_per_s",
+                            "p50": "lookup_p50_us", "p99": "lookup_p99_us"}[key]
+                    out[f"inproc_dynamo_{mode}_{name}"] = common.rounded(
+                        common.median(vals), 0 if "per_s" in name else 2)
 
             def ratio(a: list[float], b: list[float]) -> float | None:
                 return common.rounded(common.median([x / y for x, y in zip(a, b, strict=True)]))
