@@ -301,11 +301,10 @@ class Applier:
             deltas, nxt, defer = c_apply(
                 batch, pos, now_us, st.generation, max_entries, max_hash, check
             )
-            for part, rid, dk, dh in deltas:
-                if dh > 0 or dk > 0:
-                    st.added(part, rid, dk, dh)
-                else:
-                    st.removed_per_replica(part, {rid: -dh}, -dk)
+            if deltas:
+                changed = st.changed
+                for part, rid, dk, dh in deltas:
+                    changed(part, rid, dk, dh)
             if check and nxt > pos and not defer:
                 self._after(batch, pos, nxt, appended_us(batch) or now_us)
             pos = nxt

@@ -221,6 +221,16 @@ class IndexState:
         if new_holds:
             self.holds_delta(part, rid, new_holds)
 
+    def changed(self, part: Partition, rid: int, keys: int, holds: int) -> None:
+        """Account for one store call's net change by replica ``rid`` (added when positive,
+        removed when negative; a partition left without keys is dropped)."""
+        if keys:
+            self.keys_delta(part, keys)
+        if holds:
+            self.holds_delta(part, rid, holds)
+        if keys < 0:
+            self.drop_if_empty(part)
+
     def removed_per_replica(self, part: Partition, per_replica: dict[int, int], keys: int) -> None:
         """Account for removals from ``part`` (holds per replica, keys) and drop it if empty."""
         for rid, n in per_replica.items():
