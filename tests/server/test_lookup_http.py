@@ -229,3 +229,31 @@ def test_routes_methods_and_size_bound(srv: RunningServer, client: Http) -> None
 def test_lookup_http_address_is_off_by_default() -> None:
     with running_server(config=CONFIG) as s:
         assert s.server.lookup_http_port is None
+
+
+def test_pipelined_requests_are_answered_in_order(srv: RunningServer) -> None:
+    """A ``prompt_text`` lookup is answered off the event loop; requests pipelined behind it on
+    the same connection still get their answers after it, in order."""
+    import socket
+
+    host, port = srv.lookup_url.removeprefix("http://").split(":")
+    slow = json.dumps({"tenant_id": TENANT, "model_id": "first", "prompt_text": "hi"}).encode()
+    fast = [json.dumps({"tenant_id": TENANT, "model_id": f"m{i}", "adapter_id": f"a{i}",
+                        "token_ids": list(range(32))}).encode() for i in range(3)]
+    wire = b"".join(
+        b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in [slow, *fast])
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(wire)
+        f = s.makefile("rb")
+        answers = []
+        for _ in range(4):
+            status = f.readline()
+            assert status.startswith(b"HTTP/1.1 200 ")
+            length = 0
+            while (line := f.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            answers.append(json.loads(f.read(length)))
+    assert [a["adapter_id"] for a in answers[1:]] == ["a0", "a1", "a2"]
+    assert answers[0]["reason_code"] == "NO_HINT" and answers[0]["adapter_id"] == ""

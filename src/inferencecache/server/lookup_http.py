@@ -149,6 +149,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._busy = False  # an answer is being computed off the loop
+        self._queued: list[tuple[bytes, bytes, bytes, bytes | None, bytes, bool]] = []
         self._closing = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -206,15 +207,22 @@ class _Connection(asyncio.Protocol):
             return
         route = self._url.split(b"?", 1)[0]
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        method = self._parser.get_method()
+        item = (self._parser.get_method(), route, self._ctype, self._auth, body, keep)
+        if self._busy:  # a pipelined request behind an answer computed off the loop
+            self._queued.append(item)
+        else:
+            self._serve(*item)
+
+    def _serve(self, method: bytes, route: bytes, ctype: bytes, auth: bytes | None,
+               body: bytes, keep: bool) -> None:  # fmt: skip
         try:
-            out = self._app.handle(method, route, self._ctype, self._auth, body, self._peer)
+            out = self._app.handle(method, route, ctype, auth, body, self._peer)
         except Exception:  # LookupPath never raises; a bug here drops this request only
             log.exception("HTTP lookup failed")
             self._write((500, _TEXT, b"internal error\n", b""), False)
             return
         if isinstance(out, LookupRequest):
-            self._later(out, route, keep)
+            self._later(out, route, ctype, auth, keep)
         else:
             self._write(out, keep)
 
@@ -225,15 +233,16 @@ class _Connection(asyncio.Protocol):
         info = t.get_extra_info("peername") if t is not None else None
         return f"{info[0]}:{info[1]}" if info else ""
 
-    def _later(self, req: LookupRequest, route: bytes, keep: bool) -> None:
+    def _later(self, req: LookupRequest, route: bytes, ctype: bytes, auth: bytes | None,
+               keep: bool) -> None:  # fmt: skip
         transport = self._transport
         if transport is None:
             return
         transport.pause_reading()  # answers stay in request order
         self._busy = True
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, self._app.run_blocking, req, route, self._ctype,
-                                   self._auth, self._peer)  # fmt: skip
+        fut = loop.run_in_executor(None, self._app.run_blocking, req, route, ctype, auth,
+                                   self._peer)  # fmt: skip
 
         def done(f: asyncio.Future[Answer]) -> None:
             self._busy = False
@@ -246,7 +255,9 @@ class _Connection(asyncio.Protocol):
             else:
                 keep_ = keep
             self._write(answer, keep_)
-            if self._transport is not None and keep_:
+            while self._queued and not self._busy and self._transport is not None:
+                self._serve(*self._queued.pop(0))
+            if self._transport is not None and keep_ and not self._busy:
                 self._transport.resume_reading()
 
         fut.add_done_callback(done)
