@@ -45,6 +45,7 @@ BLOCK = 16
 VOCAB = 128_000
 ENTRY_BLOCKS = 512  # blocks per PrefixEntry in the load
 ENTRIES_PER_UPDATE = 32
+ROUNDS = 4  # interleaved rounds of the concurrency-1 measurements
 
 PY_CLIENT = r"""
 import json, sys, threading, time
@@ -379,7 +380,11 @@ def run(quick: bool, client: str | None = None) -> dict[str, Any]:
         ).SerializeToString(),
         "trivial": pb.RenderTemplateRequest().SerializeToString(),
     }
-    methods = {"chain": "LookupRoute", "tokens": "LookupRoute", "trivial": "RenderTemplate"}
+    # the same stub with a request as large as the chain's: what the bytes cost the transport
+    bodies["sized"] = pb.RenderTemplateRequest(
+        template_ref="x" * (len(bodies["chain"]) - 3)).SerializeToString()
+    methods = {"chain": "LookupRoute", "tokens": "LookupRoute", "trivial": "RenderTemplate",
+               "sized": "RenderTemplate"}
     out: dict[str, Any] = {
         **parser_figures(bodies, quick),
         "grpc_lookup_holds": holds,
@@ -404,16 +409,32 @@ def run(quick: bool, client: str | None = None) -> dict[str, Any]:
                     assert resp.reason_code == "PREFIX_MATCH", (shape, resp.reason_code)
                     assert resp.replica_scores[0].matched_tokens == TOKENS
             out["grpc_lookup_server_rss_mb"] = round(server.rss_mb(), 1)
+            paths = {}
             for shape, body in bodies.items():
-                path = tmp / f"{shape}.bin"
-                path.write_bytes(_frame(body) if client == "h2load" else body)
-                for conc in (1, 8):
+                paths[shape] = tmp / f"{shape}.bin"
+                paths[shape].write_bytes(_frame(body) if client == "h2load" else body)
+            # concurrency 1: the shapes in interleaved rounds, so drift hits each alike
+            lat1: dict[str, list[float]] = {shape: [] for shape in bodies}
+            for _round in range(ROUNDS):
+                for shape in bodies:
                     if client == "h2load":
-                        lat = _h2load(server.grpc_port, methods[shape], path, n, conc, tmp)
+                        lat = _h2load(server.grpc_port, methods[shape], paths[shape],
+                                      n // ROUNDS, 1, tmp)
                     else:
-                        lat = _python_client(server.grpc_port, methods[shape], path, n, conc)
+                        lat = _python_client(server.grpc_port, methods[shape], paths[shape],
+                                             n // ROUNDS, 1)
+                    lat1[shape] += lat
+            for shape in bodies:
+                name = {"trivial": "baseline", "sized": "sized_floor"}.get(shape, shape)
+                for conc in ((1,) if shape == "sized" else (1, 8)):
+                    if conc == 1:
+                        lat = lat1[shape]
+                    elif client == "h2load":
+                        lat = _h2load(server.grpc_port, methods[shape], paths[shape], n, conc, tmp)
+                    else:
+                        lat = _python_client(server.grpc_port, methods[shape], paths[shape], n,
+                                             conc)
                     suffix = "" if conc == 1 else "_c8"
-                    name = "baseline" if shape == "trivial" else shape
                     out[f"grpc_lookup_{name}_p50_us{suffix}"] = round(_percentile(lat, 0.5), 1)
                     out[f"grpc_lookup_{name}_p99_us{suffix}"] = round(_percentile(lat, 0.99), 1)
                     out[f"grpc_lookup_{name}_mean_us{suffix}"] = round(statistics.fmean(lat), 1)
@@ -425,6 +446,8 @@ def run(quick: bool, client: str | None = None) -> dict[str, Any]:
         )
     out["grpc_floor_p50_us"] = out["grpc_lookup_baseline_p50_us"]
     out["grpc_lookup_chain_over_floor"] = out["grpc_lookup_chain_over_baseline_p50"]
+    out["grpc_lookup_chain_over_sized_floor"] = round(
+        out["grpc_lookup_chain_p50_us"] / out["grpc_lookup_sized_floor_p50_us"], 2)
     if client == "h2load":
         with tempfile.TemporaryDirectory() as tmpdir:
             out.update(stack_figures(quick, Path(tmpdir)))

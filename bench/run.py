@@ -125,6 +125,8 @@ DETAILS: tuple[tuple[str, str], ...] = (
     ("grpc_lookup_holds", "gRPC lookup: holds loaded"),
     ("grpc_lookup_baseline_p50_us", "gRPC lookup: trivial unary RPC p50 µs (floor)"),
     ("grpc_lookup_chain_p50_us_c8", "gRPC lookup: chain p50 µs at concurrency 8"),
+    ("grpc_lookup_sized_floor_p50_us", "gRPC lookup: no-op RPC with a chain-sized request, p50"),
+    ("grpc_lookup_chain_over_sized_floor", "gRPC lookup: chain p50 ÷ that same-size no-op"),
     ("grpc_stack_sync_p50_us", "gRPC stack: sync server, trivial RPC p50 µs (c=1)"),
     ("grpc_stack_aio_uvloop_p50_us", "gRPC stack: grpc.aio on uvloop, trivial RPC p50 µs"),
     ("grpc_stack_sync_per_s_c32", "gRPC stack: sync server, RPCs/s at 32 callers"),
