@@ -277,6 +277,8 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
         obj = _UNTYPED.decode(payload)
     except msgspec.DecodeError as e:
         raise BatchRejected("msgpack", str(e)) from None
+    except RecursionError:  # msgspec recurses per nesting level; no engine nests this deep
+        raise BatchRejected("msgpack", "nested too deeply") from None
     if type(obj) is list:
         if len(obj) < 2:
             raise BatchRejected("envelope", f"envelope array of {len(obj)} slots (need 2)")
@@ -309,11 +311,25 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
 # are converted in C by ``packed`` (``TokenIds``, an ``array('I')``: no Python int per token).
 # Anything they reject goes to the reference decoder, which is authoritative for rejections and
 # for the rarer shapes.
+#
+# The reference decodes every byte of the payload, so it rejects invalid UTF-8, a malformed
+# timestamp ext or too deep a nesting anywhere, also inside fields nobody reads. msgspec's typed
+# decoding skips unknown fields and keeps ``Raw`` ones without looking inside. To agree on every
+# input, the typed structs forbid unknown fields (an unknown one hands the batch to the
+# reference) and declare the fields engines send but we do not read as ``Raw``, which
+# :func:`_check_skipped` decodes untyped before the batch is accepted.
 
 _I64 = Annotated[int, msgspec.Meta(le=I64_MAX)]
+_NO_RAW: Final = msgspec.Raw()
 
 
-class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
+def _raw() -> msgspec.Raw:
+    return _NO_RAW
+
+
+class _StoredMap(
+    msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw  # list[int] | None, converted by packed.hash_keys
     token_ids: msgspec.Raw  # list[u32] | None, converted by packed.token_array
     block_size: int
@@ -323,19 +339,35 @@ class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
     lora_name: str | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    # sent by vLLM or SGLang (spec §2.4, §2.5), not read here: checked by _check_skipped
+    extra_keys: msgspec.Raw = msgspec.field(default_factory=_raw)
+    kv_cache_spec_sliding_window: msgspec.Raw = msgspec.field(default_factory=_raw)
+    locality: msgspec.Raw = msgspec.field(default_factory=_raw)
+    ownership: msgspec.Raw = msgspec.field(default_factory=_raw)
+    session_id: msgspec.Raw = msgspec.field(default_factory=_raw)
+    lookahead_token_ids: msgspec.Raw = msgspec.field(default_factory=_raw)
+    cache_salt: msgspec.Raw = msgspec.field(default_factory=_raw)
 
 
-class _RemovedMap(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
+class _RemovedMap(
+    msgspec.Struct, tag_field="type", tag=REMOVED, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
+    locality: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
+    ownership: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
 
 
-class _ClearedMap(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
+class _ClearedMap(
+    msgspec.Struct, tag_field="type", tag=CLEARED, forbid_unknown_fields=True, gc=False
+):
     pass
 
 
-class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
+class _StoredArray(
+    msgspec.Struct, tag=STORED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     parent_block_hash: int | None
     token_ids: msgspec.Raw
@@ -343,33 +375,67 @@ class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
     lora_id: _I64 | None = None
     medium: str | None = None
     lora_name: str | None = None
-    extra_keys: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    extra_keys: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked
 
 
-class _RemovedArray(msgspec.Struct, tag=REMOVED, array_like=True, gc=False):
+class _RemovedArray(
+    msgspec.Struct, tag=REMOVED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
 
 
-class _ClearedArray(msgspec.Struct, tag=CLEARED, array_like=True, gc=False):
+class _ClearedArray(
+    msgspec.Struct, tag=CLEARED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     pass
 
 
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+class _MapBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredMap | _RemovedMap | _ClearedMap]
+    data_parallel_rank: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
 
 
-class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+class _ArrayBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredArray | _RemovedArray | _ClearedArray]
+    data_parallel_rank: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
 
 
 class _Untyped(Exception):
-    """A token or hash array is not the plain shape: the reference decoder decides."""
+    """A token or hash array is not the plain shape, or a skipped field is not valid msgpack
+    for the reference: the reference decoder decides."""
+
+
+_SKIPPED: Final[dict[type, tuple[str, ...]]] = {
+    _StoredMap: (
+        "extra_keys", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+        "lookahead_token_ids", "cache_salt",
+    ),
+    _StoredArray: ("extra_keys", "kv_cache_spec_sliding_window"),
+    _RemovedMap: ("locality", "ownership"),
+}
+
+
+def _check_skipped(struct: Any, names: tuple[str, ...]) -> None:
+    """Decode the fields we do not read the way the reference does (``_Untyped`` if that
+    fails). A value of at most one byte is always valid: msgspec keeps only whole values as
+    ``Raw``, and every one-byte msgpack value decodes."""
+    for name in names:
+        raw = getattr(struct, name)
+        if len(raw) > 1:
+            try:
+                _UNTYPED.decode(raw)
+            except Exception:  # invalid UTF-8, ext, nesting: the reference decides
+                raise _Untyped from None
+
+
+_BATCH_SKIPPED: Final = ("data_parallel_rank",)
 
 
 def _hashes(raw: msgspec.Raw) -> list[bytes]:
@@ -380,6 +446,7 @@ def _hashes(raw: msgspec.Raw) -> list[bytes]:
 
 
 def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
+    _check_skipped(batch, _BATCH_SKIPPED)
     out: list[Event] = []
     for ev in batch.events:
         if isinstance(ev, _StoredMap | _StoredArray):
@@ -389,6 +456,7 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
             tokens = token_array(ev.token_ids)
             if tokens is None:
                 raise _Untyped
+            _check_skipped(ev, _SKIPPED[type(ev)])
             _check_block_size(ev.block_size, bool(tokens), ev.medium)
             parent = ev.parent_block_hash
             out.append(
@@ -405,7 +473,10 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
                 )
             )
         elif isinstance(ev, _RemovedMap | _RemovedArray):
-            out.append(BlockRemoved(_hashes(ev.block_hashes), ev.medium, ev.group_idx))
+            hashes = _hashes(ev.block_hashes)
+            if isinstance(ev, _RemovedMap):
+                _check_skipped(ev, _SKIPPED[_RemovedMap])
+            out.append(BlockRemoved(hashes, ev.medium, ev.group_idx))
         else:
             out.append(AllBlocksCleared())
     return DecodedBatch(batch.ts, out)
@@ -432,8 +503,8 @@ class BatchDecoder:
                 typed = dec.decode(payload)
             except msgspec.ValidationError:
                 continue
-            except msgspec.DecodeError:
-                break  # not msgpack at all: let the reference report it
+            except (msgspec.DecodeError, RecursionError):
+                break  # not msgpack at all, or nested too deeply: let the reference report it
             if i:
                 decoders.insert(0, decoders.pop(i))
             try:
