@@ -274,7 +274,7 @@ async def run_script(engine: FakeEngine, source: str) -> bool:
             break
         try:
             keep_going = await run_script_line(engine, data.decode())
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             log.warning("bad script line; skipped", extra={"err": str(e)})
             continue
         if not keep_going:

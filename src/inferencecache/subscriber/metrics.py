@@ -5,11 +5,13 @@ Label children on hot paths are bound once here; callers hold the child objects.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferencecache.kvevents.decode import REJECT_REASONS
+from inferencecache.supervise import Drops, drop_counter
 
 PREFIX = "inferencecache_subscriber_"
 
@@ -67,6 +69,8 @@ class SubscriberMetrics:
         self.resync_entries = counter("resync_entries", "Prefix entries re-sent by resyncs.")
         ticks = counter("stats_ticks", "Stats ticks, by result.", ("result",))
         self.stats_ticks = {k: ticks.labels(k) for k in STATS_RESULTS}
+        # inputs whose handling raised unexpectedly (supervise.Drops): {loop, reason}
+        self.drops = Drops(drop_counter(PREFIX, r), logging.getLogger("inferencecache.subscriber"))
         self.tracked_blocks = Gauge(
             PREFIX + "tracked_blocks", "Engine blocks in the reverse map.", registry=r
         )
