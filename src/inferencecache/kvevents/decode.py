@@ -320,11 +320,7 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
 # :func:`_check_skipped` decodes untyped before the batch is accepted.
 
 _I64 = Annotated[int, msgspec.Meta(le=I64_MAX)]
-_NO_RAW: Final = msgspec.Raw()
-
-
-def _raw() -> msgspec.Raw:
-    return _NO_RAW
+_NO_RAW: Final = msgspec.Raw()  # an absent field (immutable: one shared default)
 
 
 class _StoredMap(
@@ -340,13 +336,13 @@ class _StoredMap(
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     # sent by vLLM or SGLang (spec §2.4, §2.5), not read here: checked by _check_skipped
-    extra_keys: msgspec.Raw = msgspec.field(default_factory=_raw)
-    kv_cache_spec_sliding_window: msgspec.Raw = msgspec.field(default_factory=_raw)
-    locality: msgspec.Raw = msgspec.field(default_factory=_raw)
-    ownership: msgspec.Raw = msgspec.field(default_factory=_raw)
-    session_id: msgspec.Raw = msgspec.field(default_factory=_raw)
-    lookahead_token_ids: msgspec.Raw = msgspec.field(default_factory=_raw)
-    cache_salt: msgspec.Raw = msgspec.field(default_factory=_raw)
+    extra_keys: msgspec.Raw = _NO_RAW
+    kv_cache_spec_sliding_window: msgspec.Raw = _NO_RAW
+    locality: msgspec.Raw = _NO_RAW
+    ownership: msgspec.Raw = _NO_RAW
+    session_id: msgspec.Raw = _NO_RAW
+    lookahead_token_ids: msgspec.Raw = _NO_RAW
+    cache_salt: msgspec.Raw = _NO_RAW
 
 
 class _RemovedMap(
@@ -355,8 +351,8 @@ class _RemovedMap(
     block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
-    locality: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
-    ownership: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
+    locality: msgspec.Raw = _NO_RAW  # checked, not read
+    ownership: msgspec.Raw = _NO_RAW  # checked, not read
 
 
 class _ClearedMap(
@@ -375,10 +371,10 @@ class _StoredArray(
     lora_id: _I64 | None = None
     medium: str | None = None
     lora_name: str | None = None
-    extra_keys: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
+    extra_keys: msgspec.Raw = _NO_RAW  # checked, not read
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked
+    kv_cache_spec_sliding_window: msgspec.Raw = _NO_RAW  # checked
 
 
 class _RemovedArray(
@@ -398,13 +394,13 @@ class _ClearedArray(
 class _MapBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredMap | _RemovedMap | _ClearedMap]
-    data_parallel_rank: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
+    data_parallel_rank: msgspec.Raw = _NO_RAW  # checked, not read
 
 
 class _ArrayBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredArray | _RemovedArray | _ClearedArray]
-    data_parallel_rank: msgspec.Raw = msgspec.field(default_factory=_raw)  # checked, not read
+    data_parallel_rank: msgspec.Raw = _NO_RAW  # checked, not read
 
 
 class _Untyped(Exception):
@@ -428,7 +424,7 @@ def _check_skipped(struct: Any, names: tuple[str, ...]) -> None:
     ``Raw``, and every one-byte msgpack value decodes."""
     for name in names:
         raw = getattr(struct, name)
-        if len(raw) > 1:
+        if raw is not _NO_RAW and len(raw) > 1:
             try:
                 _UNTYPED.decode(raw)
             except Exception:  # invalid UTF-8, ext, nesting: the reference decides
