@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferencecache import accelerators
+from inferencecache import accelerators, varint
 from inferencecache.fingerprint import decode_varints, split_packed
 from inferencecache.index.model import LegacyRun, LookupRequest, PackedUpdate, Update
 from inferencecache.ingestwire import pure as ingest_pure
@@ -88,6 +88,74 @@ def lookup_reference(buf: bytes) -> tuple[Any, ...] | None:
     except Exception:
         return None
     return _lookup_norm(wire.from_message(msg))
+
+
+def _fields(buf: bytes) -> list[tuple[int, int, bytes]] | None:
+    """Top-level ``(field, wire type, raw field bytes)`` of a protobuf message, or None if any
+    tag or length is malformed (only what :func:`lookup_slo_merged` needs)."""
+    out: list[tuple[int, int, bytes]] = []
+    pos, n = 0, len(buf)
+
+    def varint() -> int | None:
+        nonlocal pos
+        v = shift = 0
+        while pos < n and shift < 70:
+            b = buf[pos]
+            pos += 1
+            v |= (b & 0x7F) << shift
+            if b < 0x80:
+                return v
+            shift += 7
+        return None
+
+    while pos < n:
+        start = pos
+        tag = varint()
+        if tag is None:
+            return None
+        field, wt = tag >> 3, tag & 7
+        if wt == 0:
+            if varint() is None:
+                return None
+        elif wt == 1 or wt == 5:
+            pos += 8 if wt == 1 else 4
+        elif wt == 2:
+            length = varint()
+            if length is None:
+                return None
+            pos += length
+        else:
+            return None
+        if pos > n:
+            return None
+        out.append((field, wt, buf[start:pos]))
+    return out
+
+
+def _payload(raw: bytes) -> bytes:
+    """The payload of one whole length-delimited field (tag and length stripped)."""
+    pos = 0
+    for _ in range(2):  # the tag varint, then the length varint
+        while raw[pos] >= 0x80:
+            pos += 1
+        pos += 1
+    return raw[pos:]
+
+
+def lookup_slo_merged(buf: bytes) -> bytes | None:
+    """``buf`` with its several ``slo`` (field 6) occurrences merged into one whose payload is
+    their concatenation, or None when there are fewer than two. A request protobuf rejects but
+    accepts merged like this is the known ``wire.parse_fast`` divergence (it parses the
+    concatenation; protobuf parses each occurrence alone)."""
+    fields = _fields(buf)
+    if fields is None:
+        return None
+    slo = [raw for f, wt, raw in fields if f == 6 and wt == 2]
+    if len(slo) < 2:
+        return None
+    payload = b"".join(_payload(raw) for raw in slo)
+    rest = b"".join(raw for f, wt, raw in fields if not (f == 6 and wt == 2))
+    return rest + b"\x32" + varint.encode(len(payload)) + payload
 
 
 def lookup_same(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:

@@ -5,9 +5,14 @@ results, and whatever they accept reads exactly as protobuf reads it."""
 
 from __future__ import annotations
 
+import os
+
 from fuzz import adapters
 from inferencecache import fingerprint
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+# Campaigns only (INFERENCECACHE_FUZZ_KNOWN=1): skip the divergence already reported.
+KNOWN = os.environ.get("INFERENCECACHE_FUZZ_KNOWN") == "1"
 
 
 def check(data: bytes) -> None:
@@ -18,7 +23,14 @@ def check(data: bytes) -> None:
     else:
         assert got == want, (got, want)
     compact = adapters.update_compact(data)
-    assert len({repr(v) for v in compact.values()}) == 1, compact
+    if KNOWN and len({repr(v) for v in compact.values()}) > 1:
+        # the reported twin divergence: a legacy run in one, a generic entry in the other,
+        # for the same reading (an entry with an empty packed chain field present)
+        readings = {repr(None if v is None else adapters.update_compact_norm(v))
+                    for v in compact.values()}
+        assert len(readings) == 1, compact
+    else:
+        assert len({repr(v) for v in compact.values()}) == 1, compact
     parsed = compact["pure"]
     if parsed is not None:
         assert want is not None, ("compact parser decoded what protobuf rejects", parsed)
