@@ -146,7 +146,8 @@ def drop_counter(prefix: str, registry: CollectorRegistry) -> Counter:
 class _LoopState:
     phase: str = "running"  # "running" | "restarting" | "ended" (returned or cancelled)
     restarts: int = 0
-    last_error: str = ""
+    last_error: str = ""  # describe(): for the log
+    last_kind: str = ""  # the exception's type only: for /healthz, which anyone may read
 
 
 class LoopSupervisor:
@@ -214,6 +215,7 @@ class LoopSupervisor:
                     return
                 except Exception as e:
                     state.last_error = describe(e)
+                    state.last_kind = type(e).__name__
                 state.phase = "restarting"
                 self._up(name).set(0)
                 if loop.time() - started >= self.stable_after:
@@ -243,7 +245,7 @@ class LoopSupervisor:
             return None
         parts = [
             f"{n} restarting after {self.states[n].restarts} failure(s): "
-            f"{self.states[n].last_error}"
+            f"{self.states[n].last_kind}"
             for n in down
         ]
         return "degraded: " + "; ".join(parts)
