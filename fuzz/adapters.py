@@ -91,8 +91,10 @@ def lookup_reference(buf: bytes) -> tuple[Any, ...] | None:
 
 
 def _fields(buf: bytes) -> list[tuple[int, int, bytes]] | None:
-    """Top-level ``(field, wire type, raw field bytes)`` of a protobuf message, or None if any
-    tag or length is malformed (only what :func:`lookup_slo_merged` needs)."""
+    """Top-level ``(field, wire type, body)`` of a protobuf message (body: the value bytes of a
+    varint or fixed field, the payload of a length-delimited one), or None if a tag or length
+    cannot be read. Tags and lengths of any varint length are accepted (see
+    :func:`lookup_known_divergence`)."""
     out: list[tuple[int, int, bytes]] = []
     pos, n = 0, len(buf)
 
@@ -109,11 +111,11 @@ def _fields(buf: bytes) -> list[tuple[int, int, bytes]] | None:
         return None
 
     while pos < n:
-        start = pos
         tag = varint()
-        if tag is None:
+        if tag is None or tag >> 3 == 0:
             return None
         field, wt = tag >> 3, tag & 7
+        start = pos
         if wt == 0:
             if varint() is None:
                 return None
@@ -123,6 +125,7 @@ def _fields(buf: bytes) -> list[tuple[int, int, bytes]] | None:
             length = varint()
             if length is None:
                 return None
+            start = pos
             pos += length
         else:
             return None
@@ -132,30 +135,29 @@ def _fields(buf: bytes) -> list[tuple[int, int, bytes]] | None:
     return out
 
 
-def _payload(raw: bytes) -> bytes:
-    """The payload of one whole length-delimited field (tag and length stripped)."""
-    pos = 0
-    for _ in range(2):  # the tag varint, then the length varint
-        while raw[pos] >= 0x80:
-            pos += 1
-        pos += 1
-    return raw[pos:]
-
-
-def lookup_slo_merged(buf: bytes) -> bytes | None:
-    """``buf`` with its several ``slo`` (field 6) occurrences merged into one whose payload is
-    their concatenation, or None when there are fewer than two. A request protobuf rejects but
-    accepts merged like this is the known ``wire.parse_fast`` divergence (it parses the
-    concatenation; protobuf parses each occurrence alone)."""
+def lookup_known_divergence(buf: bytes) -> tuple[Any, ...] | None:
+    """Whether ``buf`` is one of the reported ``LookupRoute`` parser divergences (issue 13):
+    protobuf rejects it, but accepts the same request with (a) every tag and length varint
+    written minimally (the fast parsers accept tags and lengths in more than 5 bytes) and (b)
+    its several ``slo`` (field 6) occurrences merged into one whose payload is their
+    concatenation (``wire.parse_fast`` parses the concatenation; protobuf parses each
+    occurrence alone). Returns protobuf's reading of that normalized request (the fast
+    parsers must read exactly that), or None when ``buf`` is not such a case."""
     fields = _fields(buf)
-    if fields is None:
+    if fields is None or lookup_reference(buf) is not None:
         return None
-    slo = [raw for f, wt, raw in fields if f == 6 and wt == 2]
-    if len(slo) < 2:
-        return None
-    payload = b"".join(_payload(raw) for raw in slo)
-    rest = b"".join(raw for f, wt, raw in fields if not (f == 6 and wt == 2))
-    return rest + b"\x32" + varint.encode(len(payload)) + payload
+    slo = b"".join(body for f, wt, body in fields if f == 6 and wt == 2)
+    out = bytearray()
+    for f, wt, body in fields:
+        if f == 6 and wt == 2:
+            continue
+        out += varint.encode(f << 3 | wt)
+        if wt == 2:
+            out += varint.encode(len(body))
+        out += body
+    if any(f == 6 and wt == 2 for f, wt, _ in fields):
+        out += b"\x32" + varint.encode(len(slo)) + slo
+    return lookup_reference(bytes(out))
 
 
 def lookup_same(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
