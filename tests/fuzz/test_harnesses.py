@@ -60,8 +60,8 @@ def test_the_engine_frames_harness_catches_a_disagreement(monkeypatch: pytest.Mo
     harness = importlib.import_module("fuzz.engine_frames")
     real = decode._from_typed
 
-    def skewed(batch: Any) -> Any:
-        out = real(batch)
+    def skewed(batch: Any, payload: bytes) -> Any:
+        out = real(batch, payload)
         out.ts += 1.0
         return out
 

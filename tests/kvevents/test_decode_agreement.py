@@ -91,6 +91,25 @@ def test_invalid_utf8_in_skipped_content_is_rejected_by_both() -> None:
         assert assert_agree(pack([0.0, [], s])) == ("rejected", "msgpack")
 
 
+def test_repeated_raw_keys_and_an_earlier_rejection_defer_to_the_reference() -> None:
+    """Found by the engine_frames fuzz harness: msgspec keeps the last of repeated keys without
+    looking inside the earlier values, and a rule broken by an earlier event used to decide
+    before a later event's raw field was read. The reference decodes every byte first."""
+    bad = Verbatim(str_bytes(b"\xff"))
+    base = [("type", "BlockStored"), ("block_hashes", [1]), ("block_size", 2)]
+    for name in ("token_ids", "block_hashes", "extra_keys", "session_id"):
+        first = [bad] if name in ("token_ids", "block_hashes", "extra_keys") else bad
+        ev = Pairs([*base, ("token_ids", [1, 2]), (name, first), (name, [1, 2])])
+        assert assert_agree(pack([0.0, [ev]])) == ("rejected", "msgpack"), name
+    zero = Pairs([*base, ("token_ids", [1, 2]), ("block_size", 0)])  # breaks the block-size rule
+    later = Pairs([("type", "BlockRemoved"), ("block_hashes", [bad])])
+    assert assert_agree(pack([0.0, [zero, later]])) == ("rejected", "msgpack")
+    assert assert_agree(pack([0.0, [zero]])) == ("rejected", "block_size")
+    # a field name inside the data is only a detour through the reference, never a rejection
+    named = Pairs([*base, ("token_ids", [1, 2]), ("lora_name", "token_ids")])
+    assert isinstance(assert_agree(pack([0.0, [named]])), bytes)
+
+
 # ---- property: agreement on generated hostile batches ----------------------------------------
 
 leaf = st.one_of(
@@ -130,7 +149,10 @@ def stored(draw: st.DrawFn) -> Any:
         keep = [kv for kv in fields if draw(st.integers(0, 4))]
         extra = draw(st.lists(st.tuples(st.one_of(st.sampled_from(SKIPPED_NAMES), junk), junk),
                               max_size=2))
-        items = [("type", "BlockStored"), *keep, *extra]
+        repeated = draw(st.lists(st.tuples(st.sampled_from(["token_ids", "block_hashes",
+                                                             "extra_keys", "session_id"]),
+                                           junk), max_size=1))
+        items = [("type", "BlockStored"), *repeated, *keep, *extra]
         if draw(st.booleans()):
             items = draw(st.permutations(items))
         return Pairs(items)

@@ -441,8 +441,33 @@ def _hashes(raw: msgspec.Raw) -> list[bytes]:
     return keys
 
 
-def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
+# Raw fields of map events. msgspec keeps the last of repeated keys and never looks inside the
+# earlier values, while the reference decodes them all: a payload whose bytes name one of these
+# fields more often than the typed events hold it goes to the reference (a mention inside other
+# data only costs the fast path).
+_MAP_RAW: Final[dict[type, tuple[str, ...]]] = {
+    _StoredMap: ("block_hashes", "token_ids", *_SKIPPED[_StoredMap]),
+    _RemovedMap: ("block_hashes", *_SKIPPED[_RemovedMap]),
+    _ClearedMap: (),
+}
+_RAW_MAP_KEYS: Final = tuple((name, name.encode()) for name in _MAP_RAW[_StoredMap])
+
+
+def _check_no_repeats(payload: bytes, events: list[Any]) -> None:
+    held = dict.fromkeys(_MAP_RAW[_StoredMap], 0)
+    for ev in events:
+        for name in _MAP_RAW[type(ev)]:
+            if getattr(ev, name) is not _NO_RAW:
+                held[name] += 1
+    for name, key in _RAW_MAP_KEYS:
+        if payload.count(key) != held[name]:
+            raise _Untyped
+
+
+def _from_typed(batch: _MapBatch | _ArrayBatch, payload: bytes) -> DecodedBatch:
     _check_skipped(batch, _BATCH_SKIPPED)
+    if isinstance(batch, _MapBatch):
+        _check_no_repeats(payload, batch.events)
     out: list[Event] = []
     for ev in batch.events:
         if isinstance(ev, _StoredMap | _StoredArray):
@@ -504,8 +529,8 @@ class BatchDecoder:
             if i:
                 decoders.insert(0, decoders.pop(i))
             try:
-                return _from_typed(typed)
-            except _Untyped:
+                return _from_typed(typed, payload)
+            except (_Untyped, BatchRejected):  # the reference decides every rejection
                 break
         return decode_untyped(payload)
 
