@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final
 
 import msgspec
+from msgspec.structs import astuple
 
 from inferencecache.kvevents.events import (
     GPU,
@@ -408,30 +409,85 @@ class _Untyped(Exception):
     for the reference: the reference decoder decides."""
 
 
-_SKIPPED: Final[dict[type, tuple[str, ...]]] = {
-    _StoredMap: (
-        "extra_keys", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
-        "lookahead_token_ids", "cache_salt",
-    ),
-    _StoredArray: ("extra_keys", "kv_cache_spec_sliding_window"),
-    _RemovedMap: ("locality", "ownership"),
+# The fields of each typed struct that are kept raw and never read. In map events they are the
+# last fields, so one ``astuple`` slice gets them all.
+_SKIPPED_MAP: Final = (
+    "extra_keys", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+    "lookahead_token_ids", "cache_salt",
+)
+_TAIL: Final[dict[type, int]] = {
+    _StoredMap: len(_StoredMap.__struct_fields__) - len(_SKIPPED_MAP),
+    _RemovedMap: len(_RemovedMap.__struct_fields__) - 2,
 }
+assert _StoredMap.__struct_fields__[_TAIL[_StoredMap]:] == _SKIPPED_MAP
+assert _RemovedMap.__struct_fields__[_TAIL[_RemovedMap]:] == ("locality", "ownership")
+
+# Raw fields of map events. msgspec keeps the last of repeated keys and never looks inside the
+# earlier values, while the reference decodes them all. A repeated field is therefore always
+# present in the typed event, and a payload whose bytes name a present raw field more often
+# than the typed events hold it goes to the reference (a mention inside other data only costs
+# the fast path). "token_ids" is also counted inside "lookahead_token_ids".
+_TAIL_KEYS: Final[dict[type, tuple[bytes, ...]]] = {
+    _StoredMap: tuple(n.encode() for n in _SKIPPED_MAP),
+    _RemovedMap: (b"locality", b"ownership"),
+}
+_LOOKAHEAD: Final = b"lookahead_token_ids"
 
 
-def _check_skipped(struct: Any, names: tuple[str, ...]) -> None:
-    """Decode the fields we do not read the way the reference does (``_Untyped`` if that
-    fails). A value of at most one byte is always valid: msgspec keeps only whole values as
-    ``Raw``, and every one-byte msgpack value decodes."""
-    for name in names:
-        raw = getattr(struct, name)
-        if raw is not _NO_RAW and len(raw) > 1:
-            try:
-                _UNTYPED.decode(raw)
-            except Exception:  # invalid UTF-8, ext, nesting: the reference decides
-                raise _Untyped from None
+_MAX_CHECKED: Final = 512
+"""Longest skipped field checked here; a longer one goes to the reference. A value can nest no
+deeper than its length, so one checked here is never near the decoder's recursion limit, where
+two decoders called from different stack depths could disagree."""
 
 
-_BATCH_SKIPPED: Final = ("data_parallel_rank",)
+def _check_raw(raw: msgspec.Raw) -> None:
+    """Decode a field we do not read the way the reference does (``_Untyped`` if that fails).
+    A value of at most one byte is always valid: msgspec keeps only whole values as ``Raw``,
+    and every one-byte msgpack value decodes."""
+    if len(raw) > 1:
+        if len(raw) > _MAX_CHECKED:
+            raise _Untyped
+        try:
+            _UNTYPED.decode(raw)
+        except Exception:  # invalid UTF-8, ext, nesting: the reference decides
+            raise _Untyped from None
+
+
+def _collect(tail: tuple[Any, ...], keys: tuple[bytes, ...], held: dict[bytes, int],
+             raws: list[msgspec.Raw]) -> None:
+    """Add the present skipped fields of one map event to ``raws`` (checked together by
+    :func:`_check_raws`) and count them by key in ``held`` (for :func:`_check_repeats`)."""
+    for raw, key in zip(tail, keys, strict=True):
+        if raw is not _NO_RAW:
+            if len(raw) > _MAX_CHECKED:
+                raise _Untyped
+            raws.append(raw)
+            held[key] = held.get(key, 0) + 1
+
+
+def _check_raws(raws: list[msgspec.Raw]) -> None:
+    """:func:`_check_raw` for many values at once: one untyped decode of them as one array."""
+    try:  # each is at most _MAX_CHECKED long (see _collect)
+        _UNTYPED.decode(b"\xdd" + len(raws).to_bytes(4, "big") + b"".join(raws))
+    except Exception:
+        raise _Untyped from None
+
+
+def _check_repeats(payload: bytes, stored: int, removed: int, held: dict[bytes, int]) -> None:
+    count = payload.count
+    if count(b"block_hashes") != stored + removed:
+        raise _Untyped
+    if count(b"token_ids") != stored + held.get(_LOOKAHEAD, 0):
+        raise _Untyped
+    for key, n in held.items():
+        if count(key) != n:
+            raise _Untyped
+
+
+_STORED_TAIL: Final = _TAIL[_StoredMap]
+_STORED_KEYS: Final = _TAIL_KEYS[_StoredMap]
+_REMOVED_TAIL: Final = _TAIL[_RemovedMap]
+_REMOVED_KEYS: Final = _TAIL_KEYS[_RemovedMap]
 
 
 def _hashes(raw: msgspec.Raw) -> list[bytes]:
@@ -441,33 +497,13 @@ def _hashes(raw: msgspec.Raw) -> list[bytes]:
     return keys
 
 
-# Raw fields of map events. msgspec keeps the last of repeated keys and never looks inside the
-# earlier values, while the reference decodes them all: a payload whose bytes name one of these
-# fields more often than the typed events hold it goes to the reference (a mention inside other
-# data only costs the fast path).
-_MAP_RAW: Final[dict[type, tuple[str, ...]]] = {
-    _StoredMap: ("block_hashes", "token_ids", *_SKIPPED[_StoredMap]),
-    _RemovedMap: ("block_hashes", *_SKIPPED[_RemovedMap]),
-    _ClearedMap: (),
-}
-_RAW_MAP_KEYS: Final = tuple((name, name.encode()) for name in _MAP_RAW[_StoredMap])
-
-
-def _check_no_repeats(payload: bytes, events: list[Any]) -> None:
-    held = dict.fromkeys(_MAP_RAW[_StoredMap], 0)
-    for ev in events:
-        for name in _MAP_RAW[type(ev)]:
-            if getattr(ev, name) is not _NO_RAW:
-                held[name] += 1
-    for name, key in _RAW_MAP_KEYS:
-        if payload.count(key) != held[name]:
-            raise _Untyped
-
-
 def _from_typed(batch: _MapBatch | _ArrayBatch, payload: bytes) -> DecodedBatch:
-    _check_skipped(batch, _BATCH_SKIPPED)
-    if isinstance(batch, _MapBatch):
-        _check_no_repeats(payload, batch.events)
+    if batch.data_parallel_rank is not _NO_RAW:
+        _check_raw(batch.data_parallel_rank)
+    maps = isinstance(batch, _MapBatch)
+    held: dict[bytes, int] = {}  # map events: skipped raw fields present, for _check_repeats
+    raws: list[msgspec.Raw] = []  # map events: the skipped raw fields present, for _check_raws
+    stored = removed = 0
     out: list[Event] = []
     for ev in batch.events:
         if isinstance(ev, _StoredMap | _StoredArray):
@@ -477,7 +513,14 @@ def _from_typed(batch: _MapBatch | _ArrayBatch, payload: bytes) -> DecodedBatch:
             tokens = token_array(ev.token_ids)
             if tokens is None:
                 raise _Untyped
-            _check_skipped(ev, _SKIPPED[type(ev)])
+            if maps:
+                stored += 1
+                tail = astuple(ev)[_STORED_TAIL:]
+                if tail.count(_NO_RAW) != len(tail):
+                    _collect(tail, _STORED_KEYS, held, raws)
+            else:
+                _check_raw(ev.extra_keys)  # type: ignore[union-attr]
+                _check_raw(ev.kv_cache_spec_sliding_window)  # type: ignore[union-attr]
             _check_block_size(ev.block_size, bool(tokens), ev.medium)
             parent = ev.parent_block_hash
             out.append(
@@ -495,11 +538,18 @@ def _from_typed(batch: _MapBatch | _ArrayBatch, payload: bytes) -> DecodedBatch:
             )
         elif isinstance(ev, _RemovedMap | _RemovedArray):
             hashes = _hashes(ev.block_hashes)
-            if isinstance(ev, _RemovedMap):
-                _check_skipped(ev, _SKIPPED[_RemovedMap])
+            if maps:
+                removed += 1
+                tail = astuple(ev)[_REMOVED_TAIL:]
+                if tail.count(_NO_RAW) != len(tail):
+                    _collect(tail, _REMOVED_KEYS, held, raws)
             out.append(BlockRemoved(hashes, ev.medium, ev.group_idx))
         else:
             out.append(AllBlocksCleared())
+    if maps:
+        if raws:
+            _check_raws(raws)
+        _check_repeats(payload, stored, removed, held)
     return DecodedBatch(batch.ts, out)
 
 
