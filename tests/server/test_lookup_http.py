@@ -7,6 +7,7 @@ import http.client
 import json
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -257,3 +258,24 @@ def test_pipelined_requests_are_answered_in_order(srv: RunningServer) -> None:
             answers.append(json.loads(f.read(length)))
     assert [a["adapter_id"] for a in answers[1:]] == ["a0", "a1", "a2"]
     assert answers[0]["reason_code"] == "NO_HINT" and answers[0]["adapter_id"] == ""
+
+
+def test_a_lookup_bug_fails_open_and_is_counted_on_http_too(srv: RunningServer,
+                                                            client: Http) -> None:
+    """The HTTP path shares the gRPC method's last line of defence (``LookupPath``)."""
+    backend: Any = srv.backend
+    real = backend.lookup
+
+    def bad_lookup(request: Any) -> Any:
+        if request.tenant_id == "boom":
+            raise MemoryError
+        return real(request)
+
+    backend.lookup = bad_lookup
+    body = json.dumps({"tenant_id": "boom", "model_id": "m", "token_ids": list(range(32))})
+    status, _, raw = client.post("/v1/lookup", body.encode(), "application/json")
+    assert status == 200 and json.loads(raw)["reason_code"] == "NO_HINT"
+    assert srv.metrics.registry.get_sample_value(
+        "inferencecache_server_dropped_inputs_total",
+        {"loop": "http:/v1/lookup", "reason": "memory"}) == 1
+    assert srv.metrics.registry.get_sample_value("inferencecache_server_lookup_errors_total") == 1

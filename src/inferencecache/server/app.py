@@ -118,6 +118,7 @@ class Server:
             auth=self.auth,
             backend=self.backend,
             ready=self._ready.is_set,
+            health=self.health_problem,
         )
         public, admin = build_apps(cfg, separate_admin=admin_sock is not None)
         sites = [(public, http_sock)]
@@ -200,6 +201,14 @@ class Server:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    def health_problem(self) -> str | None:
+        """``None`` while serving normally, else why ``/healthz`` answers 503: the sweeper
+        thread ended (it catches every exception of a sweep, so only a fatal error ends it)."""
+        sweeper = self._sweeper
+        if sweeper is not None and not sweeper.is_alive() and not self._stopped.is_set():
+            return "degraded: the TTL sweeper thread ended"
+        return None
 
     def stop(self, grace: float = 10.0) -> None:
         """Graceful: health NOT_SERVING, stop accepting, let in-flight RPCs finish (≤ grace)."""

@@ -75,6 +75,7 @@ class LookupHttp:
     def __init__(self, path: LookupPath) -> None:
         self._answer = path.answer
         self._bad_query = path.count_undecodable
+        self.drops = path.drops
 
     def handle(
         self, method: bytes, route: bytes, ctype: bytes, auth: bytes | None, body: bytes,
@@ -217,8 +218,8 @@ class _Connection(asyncio.Protocol):
                body: bytes, keep: bool) -> None:  # fmt: skip
         try:
             out = self._app.handle(method, route, ctype, auth, body, self._peer)
-        except Exception:  # LookupPath never raises; a bug here drops this request only
-            log.exception("HTTP lookup failed")
+        except Exception as e:  # LookupPath never raises; a bug here drops this request only
+            self._app.drops.drop("http:lookup", e, peer=self._peer())
             self._write((500, _TEXT, b"internal error\n", b""), False)
             return
         if isinstance(out, LookupRequest):
@@ -248,8 +249,8 @@ class _Connection(asyncio.Protocol):
             self._busy = False
             try:
                 answer = f.result()
-            except Exception:
-                log.exception("HTTP lookup failed")
+            except Exception as e:
+                self._app.drops.drop("http:lookup", e, peer=self._peer())
                 answer = (500, _TEXT, b"internal error\n", b"")
                 keep_ = False
             else:

@@ -5,8 +5,10 @@ What it does, in order: the lookup auth check (``auth.LookupAuth``, one place fo
 transports), the fail-open answer to an undecodable request (counted once, logged at most every
 10 s), the caller's deadline, ``Router.lookup``, one metric update, and the encoding the
 transport asked for. Nothing here raises: any failure below it is ``NO_HINT``
-(contract-and-index.md §2.5); only a denied credential raises ``LookupDenied``, which each
-transport maps to its own status (gRPC ``UNAUTHENTICATED``, HTTP 401).
+(contract-and-index.md §2.5), the request counted as dropped
+(``inferencecache_server_dropped_inputs_total{loop=<method>}``); only a denied credential
+raises ``LookupDenied``, which each transport maps to its own status (gRPC
+``UNAUTHENTICATED``, HTTP 401).
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
 from inferencecache.server.auth import OK, LookupAuth
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.supervise import Drops, RateLimitedLog
 
 log = logging.getLogger("inferencecache.server")
 
-LOG_EVERY = 10.0
-"""Seconds between two log lines of one kind (undecodable request, lookup error)."""
 
 _T = TypeVar("_T")
 
@@ -37,20 +38,6 @@ class LookupBackend(Protocol):
 
 class LookupDenied(Exception):
     """The lookup auth check refused the caller's credentials."""
-
-
-class RateLimitedLog:
-    """At most one log line per key every ``LOG_EVERY`` seconds (shared by the transports)."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-
-    def due(self, key: str) -> bool:
-        now = time.monotonic()
-        if now - self._last.get(key, -LOG_EVERY) < LOG_EVERY:
-            return False
-        self._last[key] = now
-        return True
 
 
 def _no_peer() -> str:
@@ -70,15 +57,16 @@ class LookupPath:
         metrics: ServerMetrics,
         auth: LookupAuth | None = None,
         logs: RateLimitedLog | None = None,
+        drops: Drops | None = None,
     ) -> None:
-        self._lookup = backend.lookup
-        self._monotonic = backend.monotonic
+        self._backend = backend
         self._metrics = metrics
         self._observe = metrics.observe_lookup
         self._errors = metrics.lookup_errors
         self._undecodable = LazyChildren(metrics.undecodable)
         self._auth = auth if auth is not None else LookupAuth()
-        self._logs = logs if logs is not None else RateLimitedLog()
+        self._logs = logs if logs is not None else RateLimitedLog(log)
+        self.drops = drops if drops is not None else Drops(metrics.dropped_inputs, log)
 
     def answer(
         self,
@@ -102,13 +90,12 @@ class LookupPath:
         assert isinstance(request, LookupRequest)
         try:
             if remaining_s is not None:
-                request.deadline = self._monotonic() + remaining_s
-            result = self._lookup(request)
+                request.deadline = self._backend.monotonic() + remaining_s
+            result = self._backend.lookup(request)
             resp = encode(result)
-        except Exception:
+        except Exception as e:  # a bug below: this request fails open, the listener goes on
             self._errors.inc()
-            if self._logs.due("lookup-error"):
-                log.exception("lookup failed; answering NO_HINT", extra={"model": request.model_id})
+            self.drops.drop(method, e, model=request.model_id)
             return self._fail_open(request.model_id, start, encode)
         self._observe(
             request.model_id,
@@ -121,11 +108,12 @@ class LookupPath:
     def count_undecodable(self, method: str, peer: Callable[[], str] = _no_peer) -> None:
         """Count an undecodable request and log it (at most once per ``LOG_EVERY`` s)."""
         self._undecodable(method).inc()
-        if self._logs.due(method):
-            log.warning(
-                "undecodable request",
-                extra={"method": method, "peer": peer(), "every_s": LOG_EVERY},
-            )
+        self._logs(logging.WARNING, method, "undecodable request", method=method, peer=peer(),
+                   every_s=self._logs.every)  # fmt: skip
+
+    def fail_open(self, model: str, encode: Callable[[LookupResult], _T]) -> _T:
+        """The fail-open answer (counted as a lookup), for a caller whose request was dropped."""
+        return self._fail_open(model, time.perf_counter(), encode)
 
     def _fail_open(self, model: str, start: float, encode: Callable[[LookupResult], _T]) -> _T:
         elapsed = time.perf_counter() - start

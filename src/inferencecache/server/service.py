@@ -11,6 +11,12 @@ Undecodable requests:
 - LookupRoute / LookupPDRoute (gateways, on the request path): fail open, status OK, ``NO_HINT``.
 - every other RPC: ``INVALID_ARGUMENT`` (a producer bug the producer should see); on a
   ReportCacheState stream the updates before the bad message stay applied.
+
+Anything else a request makes a handler raise (a bug: never an input the contract allows) drops
+that request only: counted in ``inferencecache_server_dropped_inputs{loop=<method>, reason}``,
+logged at most every 10 s per method and reason, answered ``NO_HINT`` (LookupRoute) or
+``INTERNAL``; an update or event of a stream that fails to apply is skipped and the stream goes
+on.
 """
 
 from __future__ import annotations
@@ -33,11 +39,11 @@ from inferencecache.index.model import (
 )
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
-from inferencecache.server.lookup_path import LOG_EVERY as _LOG_EVERY
-from inferencecache.server.lookup_path import LookupDenied, LookupPath, RateLimitedLog
+from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.report_request import parse_event_request, parse_update_request
+from inferencecache.supervise import Drops, RateLimitedLog
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.server")
@@ -119,8 +125,9 @@ class InferenceCacheService:
         self._undecodable = LazyChildren(metrics.undecodable)
         self._ingested = LazyChildren(metrics.ingest_messages)
         self._stream_errors = LazyChildren(metrics.stream_errors)
-        self._logs = RateLimitedLog()
-        self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs)
+        self._logs = RateLimitedLog(log)
+        self._drops = Drops(metrics.dropped_inputs, log)
+        self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs, drops=self._drops)
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
 
     # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
@@ -228,29 +235,23 @@ class InferenceCacheService:
                 self._backend.apply_update(msg)
             else:
                 self._backend.apply_event(msg)
-        except Exception:
+        except Exception as e:
             self._ingest_errors(kind).inc()
-            if self._log_due(f"ingest-error-{kind}"):
-                log.exception(
-                    "ingest failed; message skipped",
-                    extra={"kind": kind, "replica_id": getattr(msg, "replica_id", "")},
-                )
+            self._drops.drop(
+                "ReportCacheState" if kind == "update" else "PublishEvent",
+                e,
+                replica_id=getattr(msg, "replica_id", ""),
+            )
             return
         self._ingested(kind).inc()
 
     # -- plumbing -------------------------------------------------------------------------------
 
     def _bad_request(self, method: str, context: grpc.ServicerContext) -> None:
-        """Count an undecodable request and log it (at most once per ``_LOG_EVERY`` s)."""
+        """Count an undecodable request and log it (at most once per 10 s per method)."""
         self._undecodable(method).inc()
-        if self._log_due(method):
-            log.warning(
-                "undecodable request",
-                extra={"method": method, "peer": _peer(context), "every_s": _LOG_EVERY},
-            )
-
-    def _log_due(self, key: str) -> bool:
-        return self._logs.due(key)
+        self._logs(logging.WARNING, method, "undecodable request", method=method,
+                   peer=_peer(context), every_s=self._logs.every)  # fmt: skip
 
     def _reject(self, context: grpc.ServicerContext, method: str) -> None:
         self._bad_request(method, context)
@@ -258,6 +259,25 @@ class InferenceCacheService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: undecodable request")
         except Exception as e:  # grpcio's abort raises a bare Exception
             raise _Rejected from e
+
+    def _guard(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with a last line of defence: an unexpected exception drops this request only
+        (counted, logged rate-limited); LookupRoute still fails open, the others answer
+        ``INTERNAL``. A cancelled stream (``RpcError``) and our own aborts pass through."""
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return fn(request, context)
+            except (_Rejected, grpc.RpcError):
+                raise
+            except Exception as e:
+                reason = self._drops.drop(method, e, peer=_peer(context))
+                if method == "LookupRoute":
+                    return self._lookup.fail_open(getattr(request, "model_id", ""),
+                                                  encode_response)  # fmt: skip
+                context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
+
+        return call
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Method name -> handler, for ``method_handlers_generic_handler`` and the registry."""
@@ -279,7 +299,7 @@ class InferenceCacheService:
             "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),
         }
         return {
-            name: make(fn, request_deserializer=parse,
+            name: make(self._guard(name, fn), request_deserializer=parse,
                        response_serializer=None if name == "LookupRoute" else _serialize)
             for name, (make, fn, parse) in table.items()
         }
