@@ -12,4 +12,5 @@ HARNESSES = (
     "blockmap_ops",
     "lookup_request",
     "cache_state_update",
+    "index_batch",
 )

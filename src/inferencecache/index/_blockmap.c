@@ -2759,7 +2759,7 @@ static PyTypeObject BlockMapType = {
  * REMOVE that emptied a partition (the caller drops it before anything else writes). */
 
 #define BATCH_MAGIC "ICB1"
-#define BATCH_HEADER 12 /* magic, u64 appended_us */
+#define BATCH_HEADER 12 /* magic, i64 appended_us */
 #define REC_HEADER 8    /* u8 kind, 3 reserved bytes, u32 body length */
 #define REC_STORE 1
 #define REC_REMOVE 2
@@ -3035,14 +3035,27 @@ static PyObject *AP_apply(Applier *a, PyObject *const *args, Py_ssize_t nargs) {
             defer = 1;
             break;
         }
-        if (kind == REC_STORE && stop - r1 >= 16 && le32(b + r1 + 12) == 0 &&
-            stop - r1 == 16) { /* no entries: nothing to write, no partition to make */
+        /* the whole body is checked before the route is resolved: resolving may create a
+         * partition, which only a record that will be applied may do */
+        Py_ssize_t fixed = kind == REC_STORE ? 16 : 12, per = kind == REC_STORE ? 12 : 8;
+        if (stop - r1 < fixed ||
+            (uint64_t)(stop - r1 - fixed) != (uint64_t)le32(b + r1 + fixed - 4) * per) {
+            defer = 1; /* malformed: the reference reader reports it */
+            break;
+        }
+        if (kind == REC_STORE && stop - r1 == fixed) { /* no entries: no partition to make */
             pos = stop;
             if (stop_after_store) break;
             continue;
         }
         PyObject *value = ap_route(a, kind, b, start, r1);
-        if (value == NULL) goto done;
+        if (value == NULL) {
+            /* a route the resolver refuses (not UTF-8, ...): hand the record to the reference,
+             * which raises the same error after the deltas of the records before it are in */
+            PyErr_Clear();
+            defer = 1;
+            break;
+        }
         int r = kind == REC_STORE
                     ? ap_store(value, b, r1, stop, default_ts, max_entries, max_hash, deltas)
                     : ap_remove(value, b, r1, stop, deltas);

@@ -11,7 +11,7 @@ the log's entries in order through ``Index.apply_batch``, so a log entry needs n
 
 Layout (version 1, little-endian; ``encode`` writes it, ``records`` reads it)::
 
-    batch   = "ICB1" | u64 appended_us | record*
+    batch   = "ICB1" | i64 appended_us | record*
     record  = u8 kind | 3 zero bytes | u32 body length | body
     route   = 5 × (u32 length | UTF-8): tenant, model, hash scheme, adapter, replica
     STORE   (1) = route | i64 timestamp_us | i32 tier | u32 n | n × 8-byte hash | n × i32 tokens
@@ -58,7 +58,7 @@ CLEAR: Final = 3
 STATS: Final = 4
 
 _U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<4sQ")
+_HEAD = struct.Struct("<4sq")
 _REC = struct.Struct("<B3xI")
 _STORE = struct.Struct("<qiI")
 _REMOVE = struct.Struct("<qI")
@@ -144,13 +144,16 @@ def appended_us(batch: bytes) -> int:
 
 def _read_route(buf: bytes, pos: int, end: int) -> tuple[Route, int]:
     strs: list[str] = []
-    for _ in range(5):
-        (n,) = _U32.unpack_from(buf, pos)
-        pos += 4
-        if pos + n > end:
-            raise BatchError("route past the end of its record")
-        strs.append(buf[pos : pos + n].decode())
-        pos += n
+    try:
+        for _ in range(5):
+            (n,) = _U32.unpack_from(buf, pos)
+            pos += 4
+            if pos + n > end:
+                raise BatchError("route past the end of its record")
+            strs.append(buf[pos : pos + n].decode())
+            pos += n
+    except (struct.error, UnicodeDecodeError) as e:
+        raise BatchError(f"malformed route: {e}") from None
     return Route(*strs), pos
 
 
