@@ -279,3 +279,26 @@ def test_a_lookup_bug_fails_open_and_is_counted_on_http_too(srv: RunningServer,
         "inferencecache_server_dropped_inputs_total",
         {"loop": "http:/v1/lookup", "reason": "memory"}) == 1
     assert srv.metrics.registry.get_sample_value("inferencecache_server_lookup_errors_total") == 1
+
+
+def test_request_target_and_header_bounds(srv: RunningServer) -> None:
+    """A request target over 8 KiB is 414, header fields over 64 KiB are 431; both close the
+    connection, and the listener goes on serving."""
+    import socket
+
+    host, port = srv.lookup_url.removeprefix("http://").split(":")
+    for wire, status in (
+        (b"POST /v1/lookup?" + b"x" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"414"),
+        (b"POST /v1/lookup HTTP/1.1\r\n" + b"X-A: " + b"y" * 70000 + b"\r\n\r\n", b"431"),
+    ):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(wire)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 " + status), answer[:60]
+    ok = Http(srv.lookup_url)
+    try:
+        assert ok.post("/v1/lookup", b"{}", "application/json")[0] == 200
+    finally:
+        ok.close()

@@ -49,8 +49,13 @@ _JSON = b"application/json"
 _PROTO = b"application/x-protobuf"
 _TEXT = b"text/plain"
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-            405: b"Method Not Allowed", 413: b"Payload Too Large",
-            415: b"Unsupported Media Type", 422: b"Unprocessable Entity"}  # fmt: skip
+            405: b"Method Not Allowed", 413: b"Payload Too Large", 414: b"URI Too Long",
+            415: b"Unsupported Media Type", 422: b"Unprocessable Entity",
+            431: b"Request Header Fields Too Large"}  # fmt: skip
+MAX_URL = 8 * 1024
+"""Bytes of a request target; longer → 414 and the connection closes (no lookup path is long)."""
+MAX_HEADERS = 64 * 1024
+"""Bytes of a request's header names and values; more → 431 and the connection closes."""
 
 Answer = tuple[int, bytes, bytes, bytes]
 """(status, content type, body, extra header lines)."""
@@ -148,6 +153,7 @@ class _Connection(asyncio.Protocol):
         self._auth: bytes | None = None
         self._body: list[bytes] = []
         self._size = 0
+        self._head = 0  # header bytes of the current request
         self._too_large = False
         self._busy = False  # an answer is being computed off the loop
         self._queued: list[tuple[bytes, bytes, bytes, bytes | None, bytes, bool]] = []
@@ -168,6 +174,8 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, b"upgrade not supported\n")
+        except httptools.HttpParserCallbackError:
+            pass  # the callback already answered and closed
         except httptools.HttpParserError:
             self._fail(400, b"malformed HTTP request\n")
 
@@ -179,12 +187,20 @@ class _Connection(asyncio.Protocol):
         self._auth = None
         self._body = []
         self._size = 0
+        self._head = 0
         self._too_large = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_URL:
+            self._fail(414, b"request target too long\n")
+            raise httptools.HttpParserCallbackError("request target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head += len(name) + len(value)
+        if self._head > MAX_HEADERS:
+            self._fail(431, b"request headers too large\n")
+            raise httptools.HttpParserCallbackError("request headers too large")
         lname = name.lower()
         if lname == b"content-type":
             self._ctype = _media_type(value)
