@@ -35,7 +35,7 @@ from typing import cast
 
 import httptools
 
-from inferencecache.index.model import LookupRequest, LookupResult
+from inferencecache.index.model import LookupRequest
 from inferencecache.server import lookup_json, lookup_wire
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
@@ -371,4 +371,4 @@ class LookupHttpServer:
         thread.join(timeout)
 
 
-__all__ = ["LookupHttp", "LookupHttpServer", "LookupResult"]
+__all__ = ["LookupHttp", "LookupHttpServer"]
