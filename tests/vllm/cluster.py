@@ -232,6 +232,17 @@ class Cluster:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def wait_sub_metric(self, name: str, metric: str, want: float,
+                        timeout: float = INDEX_WAIT_S, **labels: str) -> float:
+        """Poll ``sub_metric`` until it reaches ``want``: the subscriber counts a delivered
+        event after the RPC returns, which can be after the index already shows its effect."""
+        deadline = time.monotonic() + timeout
+        while (got := self.sub_metric(name, metric, **labels)) < want:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{metric} of {name} stayed at {got}, wanted {want}")
+            time.sleep(0.05)
+        return got
+
 
 def make_cluster(assets: VllmAssets, workdir: Path) -> Cluster:
     """Server, engines A and B with their subscribers, started one after the other."""
