@@ -203,6 +203,27 @@ def records(batch: bytes) -> Iterator[Record]:
         yield rec
 
 
+def tenants(batch: bytes) -> set[str]:
+    """The tenants a batch's records name (what an authorization check needs), reading only
+    each record's first route field; ``BatchError`` when malformed."""
+    appended_us(batch)
+    out: set[str] = set()
+    pos = HEADER
+    try:
+        while pos < len(batch):
+            _kind, size = _REC.unpack_from(batch, pos)
+            start = pos + _REC.size
+            end = start + size
+            (n,) = _U32.unpack_from(batch, start)
+            if end > len(batch) or start + 4 + n > end:
+                raise BatchError("record past the end of the batch")
+            out.add(batch[start + 4 : start + 4 + n].decode())
+            pos = end
+    except (struct.error, UnicodeDecodeError) as e:
+        raise BatchError(f"malformed record at {pos}: {e}") from None
+    return out
+
+
 # -- applying ------------------------------------------------------------------------------------
 
 

@@ -21,13 +21,14 @@ from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
 from inferencecache.metrics import LazyChildren
-from inferencecache.server.auth import BearerAuth, LookupAuth
+from inferencecache.server.auth import Authorizer, BearerAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
 from inferencecache.server.lookup_http import LookupHttpServer
 from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
+from inferencecache.server.tls import ReloadingServerCredentials
 from inferencecache.web import ListenError, bind_tcp
 
 log = logging.getLogger("inferencecache.server")
@@ -65,6 +66,8 @@ class Server:
         metrics: ServerMetrics,
         sweep_interval: float,
         grpc_workers: int = 256,
+        grpc_auth: Authorizer | None = None,
+        tls: ReloadingServerCredentials | None = None,
     ) -> None:
         self.backend = backend
         self.listeners = listeners
@@ -77,7 +80,9 @@ class Server:
         self.http_port = 0
         self.admin_port: int | None = None
         self.lookup_http_port: int | None = None
-        self.lookup = LookupPath(backend, metrics, LookupAuth())
+        self.grpc_auth = grpc_auth if grpc_auth is not None else Authorizer()
+        self.tls = tls
+        self.lookup = LookupPath(backend, metrics, self.grpc_auth)
         self._grpc: grpc.Server | None = None
         self._http: HttpServer | None = None
         self._lookup_http: LookupHttpServer | None = None
@@ -139,7 +144,8 @@ class Server:
             raise
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.metrics.server_up.set(1)
-        self.metrics.grpc_tls_enabled.set(0)
+        tls_state = 0 if self.tls is None else 2 if self.tls.files.mtls else 1
+        self.metrics.grpc_tls_enabled.set(tls_state)
         if start_sweeper:
             self.start_sweeper()
 
@@ -158,7 +164,7 @@ class Server:
                 ("grpc.so_reuseport", 0),  # a second server on the same port must fail to bind
             ],
         )
-        service = InferenceCacheService(self.backend, self.metrics, self.lookup)
+        service = InferenceCacheService(self.backend, self.metrics, self.lookup, self.grpc_auth)
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -175,7 +181,11 @@ class Server:
             # instead of grpc core's log line plus a generic RuntimeError.
             bind_tcp("--grpc-address", self.listeners.grpc).close()
         try:
-            port = server.add_insecure_port(_grpc_target(self.listeners.grpc))
+            target = _grpc_target(self.listeners.grpc)
+            if self.tls is not None:
+                port = server.add_secure_port(target, self.tls.credentials())
+            else:
+                port = server.add_insecure_port(target)
         except RuntimeError as e:
             raise ListenError(
                 f"cannot listen on --grpc-address {self.listeners.grpc}: address in use or "

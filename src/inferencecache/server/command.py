@@ -1,7 +1,8 @@
 """``inferencecache serve``: the hint-plane server (gRPC + HTTP) until SIGTERM/SIGINT.
 
 Start-up problems (unreadable files, a bad policy, a non-loopback listener without an admin
-token, an address that cannot be bound) exit 2 with one line on stderr naming the problem.
+token, a non-loopback gRPC listener without authentication, an address that cannot be bound)
+exit 2 with one line on stderr naming the problem.
 """
 
 from __future__ import annotations
@@ -47,20 +48,46 @@ def serve(settings: ServeSettings) -> int:
     from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
         AuthConfigError,
+        Authorizer,
         BearerAuth,
+        CredentialsFile,
+        check_grpc_listener,
         check_listeners,
         read_token_file,
     )
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.server.tls import ReloadingServerCredentials, TlsConfigError, TlsFiles
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
     from inferencecache.web import ListenError
 
+    metrics = ServerMetrics()
     try:
         token = read_token_file(settings.admin_token_file) if settings.admin_token_file else None
         check_listeners(token, settings.listeners)
-    except AuthConfigError as e:
+        check_grpc_listener(
+            settings.grpc_address,
+            authenticated=bool(settings.credentials_file or settings.tls_client_ca_file),
+            insecure_disable_auth=settings.insecure_disable_auth,
+        )
+        creds = (
+            CredentialsFile(settings.credentials_file, metrics.reloads)
+            if settings.credentials_file
+            else None
+        )
+        tls = (
+            ReloadingServerCredentials(
+                TlsFiles(settings.tls_cert_file, settings.tls_key_file,
+                         settings.tls_client_ca_file),
+                metrics.reloads,
+            )
+            if settings.tls_cert_file
+            else None
+        )  # fmt: skip
+    except (AuthConfigError, TlsConfigError) as e:
         raise click.UsageError(str(e)) from e
+    grpc_auth = Authorizer(creds, mtls=tls is not None and tls.files.mtls,
+                           outcomes=metrics.grpc_auth)  # fmt: skip
 
     tokenizers: TokenizerSet | None = None
     if settings.tokenizer_dir:
@@ -77,7 +104,6 @@ def serve(settings: ServeSettings) -> int:
         except PolicyError as e:
             raise click.UsageError(f"--policy-file: {e}") from e
 
-    metrics = ServerMetrics()
     backend = IndexBackend(
         index_settings(settings),
         metrics,
@@ -108,6 +134,8 @@ def serve(settings: ServeSettings) -> int:
         metrics=metrics,
         sweep_interval=backend.index.settings.sweep_interval,
         grpc_workers=settings.grpc_workers,
+        grpc_auth=grpc_auth,
+        tls=tls,
     )
 
     stop = threading.Event()
@@ -140,6 +168,8 @@ def serve(settings: ServeSettings) -> int:
                     else None
                 ),
                 "admin_auth": token is not None,
+                "grpc_auth": grpc_auth.required,
+                "grpc_tls": "mtls" if tls is not None and tls.files.mtls else tls is not None,
                 "block_size": backend.index.settings.engine_block_size,
                 "store_backend": settings.store_backend,
                 "policies": len(config.policies),

@@ -5,7 +5,8 @@
   with ``LookupRouteResponse`` bytes) or as JSON (anything else; answered in JSON,
   ``server/lookup_json.py``). Always 200 with the contract's fail-open answers, exactly as the
   gRPC method (an undecodable body is ``NO_HINT``), except 413 for a body over 16 MiB (the
-  gRPC receive bound) and 401 when the lookup auth check refuses the caller.
+  gRPC receive bound), 401 for a missing or unknown bearer token and 403 for one that may not
+  read the request's tenant (``auth.Authorizer``, as the gRPC methods).
 - ``POST /query``: the request and answer shape of NVIDIA Dynamo's standalone KV indexer, so its
   clients can point at us (415 without a JSON content type, 400 for a body that is not JSON,
   422 for JSON of another shape, as Dynamo answers).
@@ -48,9 +49,9 @@ PROTOBUF_TYPES = frozenset(
 _JSON = b"application/json"
 _PROTO = b"application/x-protobuf"
 _TEXT = b"text/plain"
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-            405: b"Method Not Allowed", 413: b"Payload Too Large", 414: b"URI Too Long",
-            415: b"Unsupported Media Type", 422: b"Unprocessable Entity",
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+            404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
+            414: b"URI Too Long", 415: b"Unsupported Media Type", 422: b"Unprocessable Entity",
             431: b"Request Header Fields Too Large"}  # fmt: skip
 MAX_URL = 8 * 1024
 """Bytes of a request target; longer → 414 and the connection closes (no lookup path is long)."""
@@ -117,8 +118,8 @@ class LookupHttp:
             out = self._answer(parsed, None, encode, method="http:/v1/lookup", peer=peer,
                                credentials=credentials)  # fmt: skip
             return 200, _PROTO if proto else _JSON, out, b""
-        except LookupDenied:
-            return 401, _TEXT, b"unauthorized\n", b"WWW-Authenticate: Bearer\r\n"
+        except LookupDenied as e:
+            return _denied(e)
 
     def run_blocking(
         self, req: LookupRequest, route: bytes, ctype: bytes, auth: bytes | None,
@@ -136,8 +137,14 @@ class LookupHttp:
             out = self._answer(req, None, encode, method="http:/v1/lookup", peer=peer,
                                credentials=credentials)  # fmt: skip
             return 200, _PROTO if proto else _JSON, out, b""
-        except LookupDenied:
-            return 401, _TEXT, b"unauthorized\n", b"WWW-Authenticate: Bearer\r\n"
+        except LookupDenied as e:
+            return _denied(e)
+
+
+def _denied(e: LookupDenied) -> Answer:
+    if e.unauthenticated:
+        return 401, _TEXT, b"unauthorized\n", b"WWW-Authenticate: Bearer\r\n"
+    return 403, _TEXT, b"forbidden\n", b""
 
 
 class _Connection(asyncio.Protocol):

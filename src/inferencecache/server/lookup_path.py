@@ -1,14 +1,14 @@
 """The one LookupRoute code path: the gRPC method and the HTTP lookup listener both call
 ``LookupPath.answer``, so both transports give the same answer to the same request.
 
-What it does, in order: the lookup auth check (``auth.LookupAuth``, one place for both
-transports), the fail-open answer to an undecodable request (counted once, logged at most every
-10 s), the caller's deadline, ``Router.lookup``, one metric update, and the encoding the
-transport asked for. Nothing here raises: any failure below it is ``NO_HINT``
+What it does, in order: the auth check (``auth.Authorizer``, the same for both transports
+and every gRPC method), the fail-open answer to an undecodable request (counted once, logged
+at most every 10 s), the caller's deadline, ``Router.lookup``, one metric update, and the
+encoding the transport asked for. Nothing here raises: any failure below it is ``NO_HINT``
 (contract-and-index.md §2.5), the request counted as dropped
 (``inferencecache_server_dropped_inputs_total{loop=<method>}``); only a denied credential
 raises ``LookupDenied``, which each transport maps to its own status (gRPC
-``UNAUTHENTICATED``, HTTP 401).
+``UNAUTHENTICATED`` / ``PERMISSION_DENIED``, HTTP 401 / 403).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 from inferencecache.index.model import LookupRequest, LookupResult, Reason
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
-from inferencecache.server.auth import OK, LookupAuth
+from inferencecache.server.auth import READER, UNAUTHENTICATED, Authorizer, Denied
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.supervise import Drops, RateLimitedLog
 
@@ -37,7 +37,12 @@ class LookupBackend(Protocol):
 
 
 class LookupDenied(Exception):
-    """The lookup auth check refused the caller's credentials."""
+    """The auth check refused the caller: ``unauthenticated`` is True for a missing or unknown
+    credential, False for one that may not read the request's tenant."""
+
+    def __init__(self, message: str, unauthenticated: bool) -> None:
+        super().__init__(message)
+        self.unauthenticated = unauthenticated
 
 
 def _no_peer() -> str:
@@ -48,6 +53,10 @@ def _no_credentials() -> str | None:
     return None
 
 
+def _no_cert_names() -> tuple[str, ...]:
+    return ()
+
+
 class LookupPath:
     """Auth, fail-open, deadline, lookup, metrics and encoding of one LookupRoute call."""
 
@@ -55,7 +64,7 @@ class LookupPath:
         self,
         backend: LookupBackend,
         metrics: ServerMetrics,
-        auth: LookupAuth | None = None,
+        auth: Authorizer | None = None,
         logs: RateLimitedLog | None = None,
         drops: Drops | None = None,
     ) -> None:
@@ -64,7 +73,7 @@ class LookupPath:
         self._observe = metrics.observe_lookup
         self._errors = metrics.lookup_errors
         self._undecodable = LazyChildren(metrics.undecodable)
-        self._auth = auth if auth is not None else LookupAuth()
+        self._auth = auth if auth is not None else Authorizer()
         self._logs = logs if logs is not None else RateLimitedLog(log)
         self.drops = drops if drops is not None else Drops(metrics.dropped_inputs, log)
 
@@ -77,13 +86,23 @@ class LookupPath:
         method: str = "LookupRoute",
         peer: Callable[[], str] = _no_peer,
         credentials: Callable[[], str | None] = _no_credentials,
+        cert_names: Callable[[], tuple[str, ...]] = _no_cert_names,
     ) -> _T:
         """The encoded answer to one request. ``remaining_s`` is the caller's deadline in
         seconds from now (None: none); ``encode`` must accept any ``LookupResult`` (the
         fail-open answer is encoded by it too)."""
         start = time.perf_counter()
-        if self._auth.required and self._auth.check(credentials()) != OK:
-            raise LookupDenied(method)
+        if self._auth.required:
+            tenant = request.tenant_id if isinstance(request, LookupRequest) else None
+            try:
+                if tenant is None:  # undecodable: who asks still matters, the answer is NO_HINT
+                    self._auth.identify(credentials(), cert_names())
+                else:
+                    self._auth.authorize(method, credentials(), cert_names(), tenant, READER)
+            except Denied as e:
+                if tenant is None:
+                    self._auth.count(method, e.code)
+                raise LookupDenied(f"{method}: {e}", e.code == UNAUTHENTICATED) from None
         if request is lookup_wire.UNDECODABLE:
             self.count_undecodable(method, peer)
             return self._fail_open("", start, encode)

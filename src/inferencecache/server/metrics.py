@@ -30,7 +30,22 @@ class ServerMetrics:
         r = self.registry
         self.server_up = Gauge("inferencecache_server_up", "1 while serving, 0 after.", registry=r)
         self.grpc_tls_enabled = Gauge(
-            "inferencecache_server_grpc_tls_enabled", "1 if gRPC TLS is on.", registry=r
+            "inferencecache_server_grpc_tls_enabled",
+            "1 if the gRPC listener serves TLS (2: TLS with client certificates), 0 if plaintext.",
+            registry=r,
+        )
+        self.grpc_auth = Counter(
+            "inferencecache_server_grpc_auth",
+            "Authorization decisions on gRPC methods and the HTTP lookup listener, by method "
+            "and outcome (ok, unauthenticated, permission_denied).",
+            ["method", "outcome"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "inferencecache_server_file_reloads",
+            "Re-reads of a changed --credentials-file or TLS file, by file and result.",
+            ["file", "result"],
+            registry=r,
         )
         self.index_entries = Gauge(
             "inferencecache_index_entries",

@@ -12,6 +12,12 @@ Undecodable requests:
 - every other RPC: ``INVALID_ARGUMENT`` (a producer bug the producer should see); on a
   ReportCacheState stream the updates before the bad message stay applied.
 
+Authorization (``auth.Authorizer``, docs/security.md): ``_guard`` checks every call's credential
+and the tenants its request names before the handler runs (LookupRoute: ``LookupPath``); each
+update of a ReportCacheState stream is checked as it arrives. ``UNAUTHENTICATED`` for a missing
+or unknown credential, ``PERMISSION_DENIED`` for a role or tenant it lacks; on a stream the
+updates before the refused one stay applied.
+
 Anything else a request makes a handler raise (a bug: never an input the contract allows) drops
 that request only: counted in ``inferencecache_server_dropped_inputs{loop=<method>, reason}``,
 logged at most every 10 s per method and reason, answered ``NO_HINT`` (LookupRoute) or
@@ -27,6 +33,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from inferencecache.index import batch as icb
 from inferencecache.index.model import (
     PROBE_TENANT,
     EventLike,
@@ -39,6 +46,7 @@ from inferencecache.index.model import (
 )
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
+from inferencecache.server.auth import UNAUTHENTICATED, Authorizer, Credential, Denied
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
@@ -65,6 +73,34 @@ def _metadata(context: grpc.ServicerContext, key: str) -> str | None:
         if k == key:
             return str(v)
     return None
+
+
+def _cert_names(context: grpc.ServicerContext) -> tuple[str, ...]:
+    """The peer certificate's subject CN and SANs (empty without mTLS)."""
+    try:
+        ctx = context.auth_context()
+    except Exception:
+        return ()
+    names: list[str] = []
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        for v in ctx.get(key, ()):
+            names.append(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+    return tuple(names)
+
+
+def _request_tenants(method: str, request: Any) -> Iterable[str | None]:
+    """The tenants one request (or stream message) acts on; None = every tenant."""
+    if request is lookup_wire.UNDECODABLE:
+        return ()  # answered INVALID_ARGUMENT / NO_HINT without touching any tenant
+    if type(request) is bytes:  # an ICB1 batch of the ingest parsers
+        try:
+            return icb.tenants(request)
+        except icb.BatchError:
+            return (None,)
+    tenant = getattr(request, "tenant_id", None)
+    if tenant is None or (tenant == "" and method == "StreamCacheEvents"):
+        return (None,)  # StreamMetrics, an unfiltered event stream: every tenant
+    return (str(tenant),)
 
 
 def _client_cancelled(context: grpc.ServicerContext) -> bool:
@@ -118,9 +154,14 @@ class InferenceCacheService:
     """Method implementations; ``handlers()`` returns the grpcio registration."""
 
     def __init__(
-        self, backend: ServiceBackend, metrics: ServerMetrics, lookup: LookupPath | None = None
+        self,
+        backend: ServiceBackend,
+        metrics: ServerMetrics,
+        lookup: LookupPath | None = None,
+        auth: Authorizer | None = None,
     ) -> None:
         self._backend = backend
+        self._auth = auth if auth is not None else Authorizer()
         self._metrics = metrics
         self._undecodable = LazyChildren(metrics.undecodable)
         self._ingested = LazyChildren(metrics.ingest_messages)
@@ -167,9 +208,12 @@ class InferenceCacheService:
                 encode_response,
                 peer=lambda: _peer(context),
                 credentials=lambda: _metadata(context, "authorization"),
+                cert_names=lambda: _cert_names(context),
             )
-        except LookupDenied:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "LookupRoute: unauthenticated")
+        except LookupDenied as e:
+            code = grpc.StatusCode.UNAUTHENTICATED if e.unauthenticated else \
+                grpc.StatusCode.PERMISSION_DENIED  # fmt: skip
+            context.abort(code, str(e))
             raise  # not reached: abort raises
 
     def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -260,13 +304,56 @@ class InferenceCacheService:
         except Exception as e:  # grpcio's abort raises a bare Exception
             raise _Rejected from e
 
+    def _deny(self, context: grpc.ServicerContext, method: str, e: Denied) -> None:
+        code = grpc.StatusCode.UNAUTHENTICATED if e.code == UNAUTHENTICATED else \
+            grpc.StatusCode.PERMISSION_DENIED  # fmt: skip
+        self._logs(logging.WARNING, f"{method}:{e.code}", "call refused", method=method,
+                   reason=str(e), peer=_peer(context), every_s=self._logs.every)  # fmt: skip
+        try:
+            context.abort(code, f"{method}: {e}")
+        except Exception as err:  # grpcio's abort raises a bare Exception
+            raise _Rejected from err
+
+    def _authorized(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
+        """The request once the caller's credential may make it (a ReportCacheState stream:
+        an iterator checking each update as it arrives); aborts the call otherwise."""
+        auth = self._auth
+        try:
+            cred = auth.identify(_metadata(context, "authorization"), _cert_names(context))
+        except Denied as e:
+            auth.count(method, e.code)
+            self._deny(context, method, e)
+        if method == "ReportCacheState":
+            return self._checked_stream(method, cred, request, context)
+        try:
+            for tenant in _request_tenants(method, request) or ("",):
+                auth.check(method, cred, tenant)
+        except Denied as e:
+            self._deny(context, method, e)
+        return request
+
+    def _checked_stream(
+        self, method: str, cred: Credential, stream: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        for msg in stream:
+            try:
+                for tenant in _request_tenants(method, msg):
+                    self._auth.check(method, cred, tenant)
+            except Denied as e:
+                self._deny(context, method, e)
+            yield msg
+
     def _guard(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` with a last line of defence: an unexpected exception drops this request only
-        (counted, logged rate-limited); LookupRoute still fails open, the others answer
-        ``INTERNAL``. A cancelled stream (``RpcError``) and our own aborts pass through."""
+        """``fn`` behind the auth check, with a last line of defence: an unexpected exception
+        drops this request only (counted, logged rate-limited); LookupRoute still fails open,
+        the others answer ``INTERNAL``. A cancelled stream (``RpcError``) and our own aborts
+        pass through."""
+        checked = self._auth.required and method != "LookupRoute"  # LookupPath checks its own
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             try:
+                if checked:
+                    request = self._authorized(method, request, context)
                 return fn(request, context)
             except (_Rejected, grpc.RpcError):
                 raise

@@ -80,6 +80,30 @@ class ServeSettings:
         "open, and serve refuses any non-loopback listener.",
         metavar="PATH",
     )
+    credentials_file: str = setting(
+        "",
+        help="gRPC (and HTTP lookup) credentials: one per line, <name> <roles> <tenants> "
+        "<secret>... (docs/security.md); re-read when it changes. Empty: no authentication.",
+        metavar="PATH",
+    )
+    tls_cert_file: str = setting(
+        "", help="PEM certificate chain the gRPC listener serves (TLS); re-read when it changes.",
+        metavar="PATH",
+    )
+    tls_key_file: str = setting(
+        "", help="PEM private key of --tls-cert-file.", metavar="PATH"
+    )
+    tls_client_ca_file: str = setting(
+        "",
+        help="PEM CA bundle for client certificates: set, gRPC clients must present one (mTLS); "
+        "a certificate's CN/SAN selects a credential (cert:<name>) of --credentials-file.",
+        metavar="PATH",
+    )
+    insecure_disable_auth: bool = setting(
+        False,
+        help="Allow a non-loopback gRPC listener without --credentials-file or "
+        "--tls-client-ca-file (anyone who reaches it can rewrite routing).",
+    )
     tokenizer_dir: str = setting(
         "",
         help="Directory of <model_id>/tokenizer.json (+ tokenizer_config.json) for "
@@ -136,6 +160,10 @@ class ServeSettings:
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("--tls-cert-file and --tls-key-file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
         if self.max_holds < 0:
             raise ValueError(f"--max-holds must be >= 0 (0 = unbounded), got {self.max_holds}")
         if self.grpc_workers < 1:
