@@ -20,6 +20,13 @@ import click
 import grpc
 from google.protobuf import json_format
 
+from inferencecache.channels import (
+    ChannelSecurity,
+    auth_token_file_setting,
+    tls_ca_file_setting,
+    tls_cert_file_setting,
+    tls_key_file_setting,
+)
 from inferencecache.config import (
     CONTEXT,
     DURATION,
@@ -69,8 +76,13 @@ class LookupSettings:
     )
     block_size: int = setting(16, help="Tokens per block for --client-chain (as the engines).")
     timeout: float = setting(2.0, param=DURATION, help="RPC deadline.")
+    auth_token_file: str = auth_token_file_setting()
+    tls_ca_file: str = tls_ca_file_setting()
+    tls_cert_file: str = tls_cert_file_setting()
+    tls_key_file: str = tls_key_file_setting()
 
     def __post_init__(self) -> None:
+        ChannelSecurity.of(self).validate()
         given = [
             flag
             for flag, value in (
@@ -177,9 +189,12 @@ def _over_http(settings: LookupSettings, req: pb.LookupRouteRequest) -> pb.Looku
     url = urlsplit(settings.lookup_url)
     conn = http.client.HTTPConnection(url.hostname or "", url.port or 80,
                                       timeout=settings.timeout)  # fmt: skip
+    headers = {"Content-Type": "application/x-protobuf"}
+    auth = ChannelSecurity.of(settings).authorization()
+    if auth is not None:
+        headers["Authorization"] = auth
     try:
-        conn.request("POST", "/v1/lookup", req.SerializeToString(),
-                     {"Content-Type": "application/x-protobuf"})  # fmt: skip
+        conn.request("POST", "/v1/lookup", req.SerializeToString(), headers)
         r = conn.getresponse()
         raw = r.read()
     except TimeoutError:
@@ -210,10 +225,11 @@ def lookup(settings: LookupSettings) -> int:
         click.echo(to_json(_over_http(settings, req)))
         return 0
     target = str(settings.server)
-    with grpc.insecure_channel(target) as channel:
+    security = ChannelSecurity.of(settings)
+    with security.channel(target) as channel:
         stub = pb_grpc.InferenceCacheStub(channel)  # type: ignore[no-untyped-call]
         try:
-            resp = stub.LookupRoute(req, timeout=settings.timeout)
+            resp = stub.LookupRoute(req, timeout=settings.timeout, metadata=security.metadata())
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = " ".join(str(e.details() if hasattr(e, "details") else e).split())

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inferencecache.channels import ChannelSecurity
 from inferencecache.doctor.facts import (
     EngineFacts,
     EventSample,
@@ -114,7 +115,9 @@ def _read_grpc(facts: Facts) -> None:
     from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
     s, sv = facts.settings, facts.server
-    with grpc.insecure_channel(str(s.server)) as channel:
+    security = ChannelSecurity.of(s)
+    md = security.metadata()
+    with security.channel(str(s.server)) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=s.timeout)
         except grpc.FutureTimeoutError:
@@ -134,7 +137,7 @@ def _read_grpc(facts: Facts) -> None:
             prefixes=[pb.PrefixEntry(prefix_hash=b"\x00" * 8, token_count=16)],
         )
         try:
-            ack = stub.ReportCacheState(iter([update]), timeout=s.timeout)
+            ack = stub.ReportCacheState(iter([update]), timeout=s.timeout, metadata=md)
             sv.probe_ack = "accepted" if ack.accepted else f"refused: {ack.reason_code}"
         except grpc.RpcError as e:
             sv.probe_ack = f"error: {_rpc_error(e)}"
@@ -143,7 +146,7 @@ def _read_grpc(facts: Facts) -> None:
                 model_id=model, tenant_id=PROBE_TENANT, hash_scheme=scheme,
                 prefix_hash=b"\x00" * 8, prefix_token_count=16,
             )
-            sv.probe_lookup = stub.LookupRoute(req, timeout=s.timeout).reason_code
+            sv.probe_lookup = stub.LookupRoute(req, timeout=s.timeout, metadata=md).reason_code
         except grpc.RpcError as e:
             sv.probe_lookup = f"error: {_rpc_error(e)}"
 

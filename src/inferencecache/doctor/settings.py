@@ -9,6 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from inferencecache.channels import (
+    ChannelSecurity,
+    auth_token_file_setting,
+    tls_ca_file_setting,
+    tls_cert_file_setting,
+    tls_key_file_setting,
+)
 from inferencecache.config import DURATION, HOST_PORT, ZMQ_ENDPOINT, HostPort, setting
 from inferencecache.server.settings import DEFAULT_GRPC_ADDRESS
 
@@ -91,8 +98,13 @@ class DoctorSettings:
         "", help='Hash scheme of the probe (default: the subscribers\', else "vllm").'
     )
     timeout: float = setting(5.0, param=DURATION, help="Deadline of each request.")
+    auth_token_file: str = auth_token_file_setting()
+    tls_ca_file: str = tls_ca_file_setting()
+    tls_cert_file: str = tls_cert_file_setting()
+    tls_key_file: str = tls_key_file_setting()
 
     def __post_init__(self) -> None:
+        ChannelSecurity.of(self).validate()
         check_base_url("--server-http", self.server_http)
         if self.admin_url:
             check_base_url("--admin-url", self.admin_url)

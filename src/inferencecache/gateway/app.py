@@ -25,6 +25,7 @@ import msgspec
 from aiohttp import web
 
 from inferencecache import fingerprint
+from inferencecache.channels import ChannelSecurity
 from inferencecache.gateway.engines import EnginePool
 from inferencecache.gateway.errors import ApiError
 from inferencecache.gateway.hints import HintClient, Hints, HttpHintClient
@@ -199,9 +200,11 @@ class Gateway:
         )
         if self.policy.needs_hint:
             self._hints = (
-                HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme, s.block_size)
+                HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme, s.block_size,
+                               ChannelSecurity.of(s))
                 if s.lookup_url
-                else HintClient(str(s.server), s.lookup_timeout, s.hash_scheme, s.block_size)
+                else HintClient(str(s.server), s.lookup_timeout, s.hash_scheme, s.block_size,
+                                ChannelSecurity.of(s))
             )
             await asyncio.gather(self._hints.start(connect_wait=1.0), self._pool.start())
         else:

@@ -21,6 +21,7 @@ import grpc
 import grpc.aio
 
 from inferencecache import fingerprint
+from inferencecache.channels import PLAINTEXT, ChannelSecurity
 from inferencecache.routing import reasons
 from inferencecache.routing.model import Hint
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
@@ -119,7 +120,16 @@ class HttpHintClient:
     MAX_HEAD = 16 * 1024
     MAX_BODY = 16 * 1024 * 1024
 
-    def __init__(self, url: str, timeout: float, hash_scheme: str, block_size: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        hash_scheme: str,
+        block_size: int,
+        security: ChannelSecurity = PLAINTEXT,
+    ) -> None:
+        self.security = security
+        self._auth_head: tuple[str | None, bytes] = (None, b"")
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
@@ -157,8 +167,12 @@ class HttpHintClient:
     async def _post(self, body: bytes) -> bytes:
         conn = self._idle.pop() if self._idle else await self._connect()
         try:
-            conn.writer.write(self._head + b"%d\r\n\r\n" % len(body) + body)
+            conn.writer.write(self._head + b"%d\r\n%s\r\n" % (len(body), self._auth()) + body)
             head = await conn.reader.readuntil(b"\r\n\r\n")
+            if head.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 403 ")):
+                raise PermissionError(f"answer {head[:22]!r}: the server refused the gateway's "
+                                      "credential, so no hint (check --auth-token-file and the "
+                                      "credential's tenants)")  # fmt: skip
             if len(head) > self.MAX_HEAD or not head.startswith(b"HTTP/1.1 200 "):
                 raise RuntimeError(f"answer {head[:40]!r}")
             length = -1
@@ -177,6 +191,14 @@ class HttpHintClient:
         else:
             conn.close()
         return raw
+
+    def _auth(self) -> bytes:
+        """The ``Authorization`` header line (empty without a token), rebuilt on rotation."""
+        auth = self.security.authorization()
+        if auth != self._auth_head[0]:
+            line = f"Authorization: {auth}\r\n".encode() if auth is not None else b""
+            self._auth_head = (auth, line)
+        return self._auth_head[1]
 
     async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
         """One LookupRoute; ``latency_s`` is the round trip as this process saw it."""
@@ -197,11 +219,22 @@ class HttpHintClient:
         return hint_of(resp, time.perf_counter() - t0)
 
 
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
 class HintClient:
     """Asks LookupRoute over gRPC with the gateway's own fingerprint chain."""
 
-    def __init__(self, target: str, timeout: float, hash_scheme: str, block_size: int) -> None:
+    def __init__(
+        self,
+        target: str,
+        timeout: float,
+        hash_scheme: str,
+        block_size: int,
+        security: ChannelSecurity = PLAINTEXT,
+    ) -> None:
         self.target = target
+        self.security = security
         self.timeout = timeout
         self.hash_scheme = hash_scheme
         self.block_size = block_size
@@ -215,7 +248,7 @@ class HintClient:
         Returns True when connected. A refused connection returns at once (the first requests
         then fall back while the channel keeps retrying in the background).
         """
-        self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        self._channel = self.security.aio_channel(self.target, options=CHANNEL_OPTIONS)
         stub = pb_grpc.InferenceCacheStub(self._channel)  # type: ignore[no-untyped-call]
         self._call = stub.LookupRoute
         deadline = time.monotonic() + connect_wait
@@ -248,11 +281,16 @@ class HintClient:
         req = chain_request(tenant, model, self.hash_scheme, adapter, chain, self.block_size)
         t0 = time.perf_counter()
         try:
-            resp = await self._call(req, timeout=self.timeout)
+            resp = await self._call(req, timeout=self.timeout, metadata=self.security.metadata())
         except grpc.aio.AioRpcError as e:
             elapsed = time.perf_counter() - t0
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return Hint(reasons.HINT_TIMEOUT, latency_s=elapsed)
+            if e.code() in _REFUSED:
+                self._log_error(f"{e.code().name}: {e.details()} (the server refused the "
+                                "gateway's credential, so no hint: check --auth-token-file, "
+                                "the TLS flags and the credential's tenants)")  # fmt: skip
+                return Hint(reasons.HINT_ERROR, latency_s=elapsed)
             self._log_error(f"{e.code().name}: {e.details()}")
             return Hint(reasons.HINT_ERROR, latency_s=elapsed)
         except Exception as e:  # never fail a request because of the hint plane

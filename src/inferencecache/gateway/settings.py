@@ -9,6 +9,13 @@ from urllib.parse import urlsplit
 
 import click
 
+from inferencecache.channels import (
+    ChannelSecurity,
+    auth_token_file_setting,
+    tls_ca_file_setting,
+    tls_cert_file_setting,
+    tls_key_file_setting,
+)
 from inferencecache.config import (
     DURATION,
     GO_BOOL,
@@ -164,9 +171,14 @@ class GatewaySettings:
     max_body_bytes: int = setting(
         32 * 1024 * 1024, help="Largest request body accepted (larger: 413)."
     )
+    auth_token_file: str = auth_token_file_setting()
+    tls_ca_file: str = tls_ca_file_setting()
+    tls_cert_file: str = tls_cert_file_setting()
+    tls_key_file: str = tls_key_file_setting()
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
+        ChannelSecurity.of(self).validate()
         try:
             parse_engines(self.engines)
         except ValueError as e:

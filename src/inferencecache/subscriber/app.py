@@ -24,6 +24,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from inferencecache.channels import ChannelSecurity
 from inferencecache.config import format_duration
 from inferencecache.subscriber.adapters import AdapterPoller, AdapterTracker
 from inferencecache.subscriber.client import CacheClient
@@ -153,7 +154,7 @@ class Subscriber:
                 "adapter_poll_interval": format_duration(s.effective_adapter_poll_interval),
             },
         )
-        self.client = CacheClient(str(s.server))
+        self.client = CacheClient(str(s.server), security=ChannelSecurity.of(s))
         self.ctx = zmq.asyncio.Context()
         queue: asyncio.Queue[QueueItem] = asyncio.Queue(QUEUE_SIZE)
         self.forwarder = Forwarder(

@@ -17,6 +17,7 @@ import grpc.aio
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from inferencecache.channels import PLAINTEXT, ChannelSecurity
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
@@ -39,10 +40,13 @@ CHANNEL_OPTIONS: Final[list[tuple[str, Any]]] = [
 class CacheClient:
     """Thin async wrapper over the ``InferenceCache`` stub."""
 
-    def __init__(self, target: str, deadline: float = RPC_DEADLINE) -> None:
+    def __init__(
+        self, target: str, deadline: float = RPC_DEADLINE, security: ChannelSecurity = PLAINTEXT
+    ) -> None:
         self.target = target
         self.deadline = deadline
-        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.security = security
+        self.channel = security.aio_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.InferenceCacheStub(self.channel)  # type: ignore[no-untyped-call]
         self._report = self.channel.stream_unary(
             REPORT_PATH, request_serializer=_wire_bytes, response_deserializer=pb.Ack.FromString)
@@ -50,18 +54,21 @@ class CacheClient:
 
     async def report(self, update: pb.CacheStateUpdate | bytes) -> pb.Ack:
         """Send one update on a fresh client stream, half-close, await the Ack."""
-        ack: pb.Ack = await self._report(iter((update,)), timeout=self.deadline)
+        ack: pb.Ack = await self._report(iter((update,)), timeout=self.deadline,
+                                         metadata=self.security.metadata())  # fmt: skip
         return ack
 
     async def report_many(self, updates: Sequence[pb.CacheStateUpdate | bytes]) -> pb.Ack:
         """Several updates, in order, on one fresh client stream (the server applies each on
         receipt), half-close, await the Ack."""
-        ack: pb.Ack = await self._report(iter(updates), timeout=self.deadline)
+        ack: pb.Ack = await self._report(iter(updates), timeout=self.deadline,
+                                         metadata=self.security.metadata())  # fmt: skip
         return ack
 
     async def publish(self, event: pb.CacheEvent) -> pb.Ack:
         """Unary ``PublishEvent``."""
-        ack: pb.Ack = await self._stub.PublishEvent(event, timeout=self.deadline)
+        ack: pb.Ack = await self._stub.PublishEvent(event, timeout=self.deadline,
+                                                    metadata=self.security.metadata())  # fmt: skip
         return ack
 
     async def supports_batched_evictions(self) -> bool:
@@ -118,13 +125,21 @@ def _wire_bytes(update: pb.CacheStateUpdate | bytes) -> bytes:
     return update if isinstance(update, bytes) else bytes(update.SerializeToString())
 
 
+_REFUSED: Final = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
 def describe_error(e: BaseException) -> str:
     """One-line rendering of an RPC error (status code and details) for logs."""
     details = getattr(e, "details", None)
     code = getattr(e, "code", None)
     if callable(details) and callable(code):
         try:
-            return f"{code()}: {details()}"
+            status = code()
+            if status in _REFUSED:
+                return (f"{status}: {details()} (the server refused this sidecar's credential: "
+                        "check --auth-token-file / the TLS flags and the credential's role and "
+                        "tenants; retrying later)")  # fmt: skip
+            return f"{status}: {details()}"
         except Exception:  # pragma: no cover - defensive
             pass
     return f"{type(e).__name__}: {e}"

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from inferencecache.channels import (
+    ChannelSecurity,
+    auth_token_file_setting,
+    tls_ca_file_setting,
+    tls_cert_file_setting,
+    tls_key_file_setting,
+)
 from inferencecache.config import (
     DURATION,
     GO_BOOL,
@@ -120,9 +127,14 @@ class SubscribeSettings:
         DEFAULT_ADAPTER_POLL_INTERVAL, param=DURATION,
         help="How often --engine-models-url is polled (<=0: 10s).",
     )
+    auth_token_file: str = auth_token_file_setting()
+    tls_ca_file: str = tls_ca_file_setting()
+    tls_cert_file: str = tls_cert_file_setting()
+    tls_key_file: str = tls_key_file_setting()
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
+        ChannelSecurity.of(self).validate()
         if not self.replica_id:
             raise ValueError("missing --replica-id")
         if not self.model_id:

@@ -1,0 +1,166 @@
+"""gRPC client channels with the credentials a secured server wants: TLS (a CA file, optionally
+a client certificate for mTLS) and a bearer token sent as ``authorization`` metadata.
+
+Every client command (subscriber, gateway, ``lookup``, doctor) declares the same four flags
+through the ``*_setting()`` factories below and builds its channel with ``ChannelSecurity``,
+so the flags and their meaning are the same everywhere (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from inferencecache.config import setting
+
+TOKEN_RELOAD_EVERY_S = 1.0
+
+
+def auth_token_file_setting() -> Any:
+    return setting(
+        "",
+        help="File holding the bearer token sent to the server (authorization metadata); "
+        "re-read when it changes. Empty: none.",
+        metavar="PATH",
+    )
+
+
+def tls_ca_file_setting() -> Any:
+    return setting(
+        "",
+        help="PEM CA bundle that signed the server's certificate: set, the gRPC connection uses "
+        "TLS. Empty: plaintext.",
+        metavar="PATH",
+    )
+
+
+def tls_cert_file_setting() -> Any:
+    return setting(
+        "", help="PEM client certificate for mTLS (with --tls-key-file).", metavar="PATH"
+    )
+
+
+def tls_key_file_setting() -> Any:
+    return setting("", help="PEM private key of --tls-cert-file.", metavar="PATH")
+
+
+def _read(flag: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read {flag} {path!r}: {e.strerror or e}") from e
+
+
+def read_token(path: str) -> str:
+    """A token file's one token (surrounding whitespace stripped); ``ValueError`` otherwise."""
+    try:
+        token = _read("--auth-token-file", path).decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--auth-token-file {path!r} is not UTF-8") from e
+    if not token or any(c.isspace() for c in token) or not token.isprintable():
+        raise ValueError(f"--auth-token-file {path!r} must hold one token on one line")
+    return token
+
+
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """A client's gRPC credentials (flags ``--auth-token-file``, ``--tls-ca-file``,
+    ``--tls-cert-file``, ``--tls-key-file``)."""
+
+    auth_token_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    _token: list[tuple[float, tuple[int, int, int] | None, str]] = field(
+        default_factory=list, compare=False, repr=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, settings: Any) -> ChannelSecurity:
+        """From a settings object that declares the four flags."""
+        return cls(
+            settings.auth_token_file,
+            settings.tls_ca_file,
+            settings.tls_cert_file,
+            settings.tls_key_file,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file)
+
+    def validate(self) -> None:
+        """Read every file once; ``ValueError`` (one line) naming the first problem."""
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("--tls-cert-file and --tls-key-file go together")
+        if self.tls_cert_file and not self.tls_ca_file:
+            raise ValueError("--tls-cert-file (mTLS) needs --tls-ca-file")
+        if self.auth_token_file:
+            read_token(self.auth_token_file)
+        if self.tls:
+            self.channel_credentials()
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        ca = _read("--tls-ca-file", self.tls_ca_file)
+        cert = _read("--tls-cert-file", self.tls_cert_file) if self.tls_cert_file else None
+        key = _read("--tls-key-file", self.tls_key_file) if self.tls_key_file else None
+        for flag, data in (("--tls-ca-file", ca), ("--tls-cert-file", cert),
+                           ("--tls-key-file", key)):  # fmt: skip
+            if data is not None and b"-----BEGIN" not in data:
+                raise ValueError(f"{flag} holds no PEM block")
+        return grpc.ssl_channel_credentials(ca, key, cert)
+
+    def authorization(self) -> str | None:
+        """``Bearer <token>`` from the token file (re-read when it changes), or None."""
+        if not self.auth_token_file:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._token[0] if self._token else None
+            if cached is not None and now < cached[0]:
+                return cached[2]
+            try:
+                st = os.stat(self.auth_token_file)
+                stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                stamp = None
+            if cached is not None and (stamp is None or stamp == cached[1]):
+                value = cached[2]  # unchanged, or gone for now (keep the last token)
+            else:
+                try:
+                    value = "Bearer " + read_token(self.auth_token_file)
+                except ValueError:
+                    if cached is None:
+                        raise
+                    value = cached[2]
+            self._token[:] = [(now + TOKEN_RELOAD_EVERY_S, stamp, value)]
+            return value
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """Call metadata carrying the bearer token, or None without one."""
+        auth = self.authorization()
+        return (("authorization", auth),) if auth is not None else None
+
+    def channel(self, target: str, options: Any = None) -> grpc.Channel:
+        """A sync channel: TLS when a CA is configured, else plaintext."""
+        if self.tls:
+            return grpc.secure_channel(target, self.channel_credentials(), options=options)
+        return grpc.insecure_channel(target, options=options)
+
+    def aio_channel(self, target: str, options: Any = None) -> grpc.aio.Channel:
+        """An asyncio channel: TLS when a CA is configured, else plaintext."""
+        if self.tls:
+            return grpc.aio.secure_channel(target, self.channel_credentials(), options=options)
+        return grpc.aio.insecure_channel(target, options=options)
+
+
+PLAINTEXT = ChannelSecurity()
+"""No TLS, no token: the default of every client."""
