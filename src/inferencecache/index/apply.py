@@ -18,6 +18,7 @@ import struct
 from collections.abc import Sequence
 from itertools import accumulate
 
+from inferencecache.index import bounds
 from inferencecache.index.eviction import note_upsert
 from inferencecache.index.model import (
     PROBE_TENANT,
@@ -143,6 +144,8 @@ def apply_update(
         scheme = u.hash_scheme
         if not scheme:
             st.dropped[DROP_EMPTY_SCHEME] += n_entries
+        elif (why := bounds.refuse_holds(st, tenant, model, u.replica_id)) is not None:
+            st.dropped[why] += n_entries
         else:
             note_upsert(st, ts)
             if (
@@ -154,7 +157,9 @@ def apply_update(
             else:
                 _apply_prefixes(st, u, items, tenant, model, scheme, ts, n_entries)
     stats = _stats_of(u)
-    if stats is not None:
+    if stats is not None and (why := bounds.refuse_stats(st, tenant, model, u.replica_id)):
+        st.dropped[why] += 1
+    elif stats is not None:
         rid = st.replicas.intern(u.replica_id)
         row = StatsRow(
             int(stats.cache_memory_bytes),

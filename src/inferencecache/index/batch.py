@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from inferencecache.index import apply, eviction
+from inferencecache.index import apply, bounds, eviction
 from inferencecache.index.model import (
     PROBE_TENANT,
     Event,
@@ -277,6 +277,8 @@ def resolver(st: IndexState) -> Resolver:
             settings = st.settings
             if not r.scheme or settings.max_entries_per_update <= 0 or settings.max_hash_bytes < 8:
                 value = ()  # the reference drops (and counts) entries: no partition to make
+            elif bounds.refuse_holds(st, r.tenant, r.model, r.replica) is not None:
+                value = ()  # over a per-producer bound: the reference refuses and counts it
             else:
                 part = st.partition(r.tenant, r.model, r.scheme, r.adapter)
                 value = (part.store, st.replicas.intern(r.replica), part)

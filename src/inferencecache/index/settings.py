@@ -41,6 +41,9 @@ class IndexSettings:
     default_ttl: float = DEFAULT_TTL_S
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S
     max_holds: int = 1_000_000
+    max_tenants: int = 10_000
+    max_replicas_per_scope: int = 4_096
+    max_stats_rows: int = 100_000
     engine_block_size: int = DEFAULT_BLOCK_SIZE
     max_blocks_per_entry: int = MAX_BLOCKS_PER_ENTRY
     max_entries_per_update: int = MAX_ENTRIES_PER_UPDATE
@@ -53,8 +56,9 @@ class IndexSettings:
             object.__setattr__(self, "sweep_interval", DEFAULT_SWEEP_INTERVAL_S)
         if self.engine_block_size <= 0:
             object.__setattr__(self, "engine_block_size", DEFAULT_BLOCK_SIZE)
-        if self.max_holds < 0:
-            object.__setattr__(self, "max_holds", 0)
+        for name in ("max_holds", "max_tenants", "max_replicas_per_scope", "max_stats_rows"):
+            if getattr(self, name) < 0:
+                object.__setattr__(self, name, 0)
         for name in ("max_blocks_per_entry", "max_entries_per_update", "max_hash_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

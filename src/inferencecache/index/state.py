@@ -130,6 +130,11 @@ class IndexState:
         self._dirty_models: set[str] = set()
         self.dropped: Counter[str] = Counter()
         self.cap_pool: CapPool | None = None  # next global-cap victims (eviction.CapPool)
+        # What the per-producer bounds count (index/bounds.py): partitions + stats scopes per
+        # tenant, and scopes (serving or stats) per replica within a (tenant, model).
+        self.tenant_refs: dict[str, int] = {}
+        self.replicas_by_tm: dict[TenantModel, dict[int, int]] = {}
+        self.stats_rows = 0
 
     # -- partitions -----------------------------------------------------------------------
 
@@ -142,7 +147,27 @@ class IndexState:
             self.parts[key] = part
             self.parts_by_tm.setdefault(part.tm, {})[part.pid] = part
             self.parts_by_tenant.setdefault(tenant, {})[part.pid] = part
+            self._tenant_ref(tenant, 1)
         return part
+
+    def _tenant_ref(self, tenant: str, d: int) -> None:
+        n = self.tenant_refs.get(tenant, 0) + d
+        if n:
+            self.tenant_refs[tenant] = n
+        else:
+            del self.tenant_refs[tenant]
+
+    def _tm_replica(self, tm: TenantModel, rid: int, d: int) -> None:
+        by = self.replicas_by_tm.get(tm)
+        if by is None:
+            by = self.replicas_by_tm[tm] = {}
+        n = by.get(rid, 0) + d
+        if n:
+            by[rid] = n
+        else:
+            del by[rid]
+            if not by:
+                del self.replicas_by_tm[tm]
 
     def drop_if_empty(self, part: Partition) -> None:
         """Forget a partition whose last key is gone (keeps scans and memory proportional)."""
@@ -158,6 +183,7 @@ class IndexState:
         del by_t[part.pid]
         if not by_t:
             del self.parts_by_tenant[part.tenant]
+        self._tenant_ref(part.tenant, -1)
         self._pids.give(part.pid)
 
     @property
@@ -204,6 +230,7 @@ class IndexState:
         if n > 0:
             if cur is None:
                 self.replicas.ref(rid)
+                self._tm_replica(part.tm, rid, 1)
             sv[rid] = n
         else:
             if n < 0:
@@ -211,6 +238,7 @@ class IndexState:
             if cur is not None:
                 del sv[rid]
                 self.replicas.unref(rid)
+                self._tm_replica(part.tm, rid, -1)
             if not sv:
                 del self.serving[scope]
 
@@ -244,8 +272,11 @@ class IndexState:
         rows = self.stats.get(tm)
         if rows is None:
             rows = self.stats[tm] = {}
+            self._tenant_ref(tm[0], 1)
         if rid not in rows:
             self.replicas.ref(rid)
+            self._tm_replica(tm, rid, 1)
+            self.stats_rows += 1
         rows[rid] = row
 
     def drop_stats(self, tm: TenantModel, rid: int) -> bool:
@@ -253,8 +284,11 @@ class IndexState:
         if rows is None or rows.pop(rid, None) is None:
             return False
         self.replicas.unref(rid)
+        self._tm_replica(tm, rid, -1)
+        self.stats_rows -= 1
         if not rows:
             del self.stats[tm]
+            self._tenant_ref(tm[0], -1)
         return True
 
     # -- end of an operation --------------------------------------------------------------
@@ -355,4 +389,18 @@ class IndexState:
         for rid in refs:
             if self.replicas.names[rid] is None:
                 problems.append(f"referenced replica id {rid} is free")
+        tenant_refs: Counter[str] = Counter(p.tenant for p in self.parts.values())
+        tenant_refs.update(tm[0] for tm in self.stats)
+        if dict(tenant_refs) != self.tenant_refs:
+            problems.append(f"tenant_refs {self.tenant_refs} != {dict(tenant_refs)}")
+        by_tm: dict[TenantModel, Counter[int]] = {}
+        for (t, m, _s), sv3 in self.serving.items():
+            by_tm.setdefault((t, m), Counter()).update(sv3.keys())
+        for tm, rows in self.stats.items():
+            by_tm.setdefault(tm, Counter()).update(rows.keys())
+        if {tm: dict(c) for tm, c in by_tm.items()} != self.replicas_by_tm:
+            problems.append(f"replicas_by_tm {self.replicas_by_tm} != {by_tm}")
+        n_rows = sum(len(rows) for rows in self.stats.values())
+        if n_rows != self.stats_rows:
+            problems.append(f"stats_rows {self.stats_rows} != {n_rows}")
         return problems

@@ -128,6 +128,21 @@ class ServeSettings:
         1_000_000,
         help="Global cap on (key, replica) holds, enforced after each ingest (0 = unbounded).",
     )
+    max_tenants: int = setting(
+        10_000,
+        help="Cap on tenants with state (holds or stats); a new tenant's updates beyond it are "
+        "refused and counted (0 = unbounded).",
+    )
+    max_replicas_per_scope: int = setting(
+        4_096,
+        help="Cap on replicas per (tenant, model); a new replica's updates beyond it are refused "
+        "and counted (0 = unbounded).",
+    )
+    max_stats_rows: int = setting(
+        100_000,
+        help="Cap on (tenant, model, replica) stats rows; new rows beyond it are refused and "
+        "counted (0 = unbounded).",
+    )
     store_backend: str = setting(
         "native" if "native" in STORE_BACKENDS else "python",
         param=click.Choice(sorted(STORE_BACKENDS)),
@@ -164,8 +179,10 @@ class ServeSettings:
             raise ValueError("--tls-cert-file and --tls-key-file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
-        if self.max_holds < 0:
-            raise ValueError(f"--max-holds must be >= 0 (0 = unbounded), got {self.max_holds}")
+        for name in ("max_holds", "max_tenants", "max_replicas_per_scope", "max_stats_rows"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be >= 0 (0 = unbounded), got {getattr(self, name)}")
         if self.grpc_workers < 1:
             raise ValueError(f"--grpc-workers must be >= 1, got {self.grpc_workers}")
         if self.shutdown_grace < 0:

@@ -19,9 +19,10 @@ from inferencecache.index.lookup_route import PromptTokenizer
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.tenant_config import IndexConfig
 from inferencecache.server.app import Listeners, Server
-from inferencecache.server.auth import BearerAuth
+from inferencecache.server.auth import Authorizer, BearerAuth, CredentialsFile
 from inferencecache.server.backend import IndexBackend
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.tls import ReloadingServerCredentials, TlsFiles
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
 LOOPBACK = "127.0.0.1"
@@ -75,7 +76,11 @@ def running_server(
     sweep_interval: float | None = None,
     grpc_workers: int = 32,
     lookup_http: bool = False,
+    credentials_file: str | None = None,
+    tls: TlsFiles | None = None,
 ) -> Iterator[RunningServer]:
+    """``credentials_file`` / ``tls``: as ``serve --credentials-file`` and ``--tls-*-file``
+    (default: no authentication, plaintext)."""
     metrics = ServerMetrics()
     backend = IndexBackend(
         settings or IndexSettings(), metrics, clock=clock, tokenizer=tokenizer, config=config
@@ -95,6 +100,12 @@ def running_server(
             sweep_interval if sweep_interval is not None else backend.index.settings.sweep_interval
         ),
         grpc_workers=grpc_workers,
+        grpc_auth=Authorizer(
+            CredentialsFile(credentials_file, metrics.reloads) if credentials_file else None,
+            mtls=tls is not None and tls.mtls,
+            outcomes=metrics.grpc_auth,
+        ),
+        tls=ReloadingServerCredentials(tls, metrics.reloads) if tls is not None else None,
     )
     running = RunningServer(server, backend, metrics)
     try:
