@@ -46,7 +46,13 @@ from inferencecache.index.model import (
 )
 from inferencecache.metrics import LazyChildren
 from inferencecache.server import lookup_wire
-from inferencecache.server.auth import UNAUTHENTICATED, Authorizer, Credential, Denied
+from inferencecache.server.auth import (
+    PERMISSION_DENIED,
+    UNAUTHENTICATED,
+    Authorizer,
+    Credential,
+    Denied,
+)
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
@@ -211,10 +217,10 @@ class InferenceCacheService:
                 cert_names=lambda: _cert_names(context),
             )
         except LookupDenied as e:
-            code = grpc.StatusCode.UNAUTHENTICATED if e.unauthenticated else \
-                grpc.StatusCode.PERMISSION_DENIED  # fmt: skip
-            context.abort(code, str(e))
-            raise  # not reached: abort raises
+            self._deny(context, "LookupRoute",
+                       Denied(UNAUTHENTICATED if e.unauthenticated else PERMISSION_DENIED,
+                              str(e)))  # fmt: skip
+            raise  # not reached: _deny raises
 
     def get_cache_state(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
@@ -310,7 +316,7 @@ class InferenceCacheService:
         self._logs(logging.WARNING, f"{method}:{e.code}", "call refused", method=method,
                    reason=str(e), peer=_peer(context), every_s=self._logs.every)  # fmt: skip
         try:
-            context.abort(code, f"{method}: {e}")
+            context.abort(code, str(e) if str(e).startswith(method) else f"{method}: {e}")
         except Exception as err:  # grpcio's abort raises a bare Exception
             raise _Rejected from err
 
