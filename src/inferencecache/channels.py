@@ -97,12 +97,17 @@ class ChannelSecurity:
     def tls(self) -> bool:
         return bool(self.tls_ca_file)
 
-    def validate(self) -> None:
-        """Read every file once; ``ValueError`` (one line) naming the first problem."""
+    def check_flags(self) -> None:
+        """The flags' combination (settings ``__post_init__``; no file is read)."""
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("--tls-cert-file and --tls-key-file go together")
         if self.tls_cert_file and not self.tls_ca_file:
             raise ValueError("--tls-cert-file (mTLS) needs --tls-ca-file")
+
+    def validate(self) -> None:
+        """Read every file once (a command's start); ``ValueError`` (one line) naming the
+        first problem."""
+        self.check_flags()
         if self.auth_token_file:
             read_token(self.auth_token_file)
         if self.tls:
@@ -160,6 +165,19 @@ class ChannelSecurity:
         if self.tls:
             return grpc.aio.secure_channel(target, self.channel_credentials(), options=options)
         return grpc.aio.insecure_channel(target, options=options)
+
+
+def security_of(settings: Any) -> ChannelSecurity:
+    """A command's ``ChannelSecurity`` with its files read once: a missing or malformed file
+    is a usage error (exit 2, one line)."""
+    import click
+
+    sec = ChannelSecurity.of(settings)
+    try:
+        sec.validate()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return sec
 
 
 PLAINTEXT = ChannelSecurity()

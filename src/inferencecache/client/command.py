@@ -23,6 +23,7 @@ from google.protobuf import json_format
 from inferencecache.channels import (
     ChannelSecurity,
     auth_token_file_setting,
+    security_of,
     tls_ca_file_setting,
     tls_cert_file_setting,
     tls_key_file_setting,
@@ -82,7 +83,7 @@ class LookupSettings:
     tls_key_file: str = tls_key_file_setting()
 
     def __post_init__(self) -> None:
-        ChannelSecurity.of(self).validate()
+        ChannelSecurity.of(self).check_flags()
         given = [
             flag
             for flag, value in (
@@ -217,6 +218,7 @@ def _over_http(settings: LookupSettings, req: pb.LookupRouteRequest) -> pb.Looku
 @command_options(LookupSettings)
 def lookup(settings: LookupSettings) -> int:
     """Ask a server for a routing hint and print the LookupRouteResponse as JSON."""
+    security_of(settings)  # the credential and TLS files, read once: exit 2 when unusable
     try:
         req = build_request(settings)
     except ValueError as e:

@@ -9,6 +9,7 @@ import os
 
 import click
 
+from inferencecache.channels import security_of
 from inferencecache.config import CONTEXT, command_options
 from inferencecache.doctor.settings import DoctorSettings
 
@@ -18,6 +19,7 @@ from inferencecache.doctor.settings import DoctorSettings
 def doctor(settings: DoctorSettings) -> int:
     """Check a deployment: server, subscribers, engine, gateways; one line per verdict."""
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    security_of(settings)  # the credential and TLS files, read once: exit 2 when unusable
     from inferencecache.doctor.checks import FAIL, PASS, SKIP, run_checks
     from inferencecache.doctor.gather import gather
 

@@ -104,7 +104,7 @@ class DoctorSettings:
     tls_key_file: str = tls_key_file_setting()
 
     def __post_init__(self) -> None:
-        ChannelSecurity.of(self).validate()
+        ChannelSecurity.of(self).check_flags()
         check_base_url("--server-http", self.server_http)
         if self.admin_url:
             check_base_url("--admin-url", self.admin_url)

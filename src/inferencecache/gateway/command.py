@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from inferencecache import logs
+from inferencecache.channels import security_of
 from inferencecache.config import CONTEXT, command_options
 from inferencecache.gateway.settings import GatewaySettings
 
@@ -31,6 +32,7 @@ log = logging.getLogger("inferencecache.gateway")
 def gateway(settings: GatewaySettings) -> int:
     """OpenAI-compatible proxy that routes each request to the engine holding its prefix."""
     logs.setup(settings.log_level)
+    security_of(settings)  # the credential and TLS files, read once: exit 2 when unusable
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import prometheus_client
 

@@ -178,7 +178,7 @@ class GatewaySettings:
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
-        ChannelSecurity.of(self).validate()
+        ChannelSecurity.of(self).check_flags()
         try:
             parse_engines(self.engines)
         except ValueError as e:

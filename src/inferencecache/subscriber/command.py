@@ -16,6 +16,7 @@ from typing import Final
 import click
 
 from inferencecache import logs
+from inferencecache.channels import security_of
 from inferencecache.config import CONTEXT, command_options
 from inferencecache.subscriber.settings import SubscribeSettings
 from inferencecache.web import ListenError, bind_tcp
@@ -67,6 +68,7 @@ async def _main(settings: SubscribeSettings, metrics_sock: socket.socket) -> int
 def subscribe(settings: SubscribeSettings) -> int:
     """Follow one engine's KV-cache events (ZeroMQ) and report them to the server (gRPC)."""
     logs.setup(settings.log_level)
+    security_of(settings)  # the credential and TLS files, read once: exit 2 when unusable
     try:
         metrics_sock = bind_tcp("--metrics-address", settings.metrics_address)
     except ListenError as e:

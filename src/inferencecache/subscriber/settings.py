@@ -134,7 +134,7 @@ class SubscribeSettings:
     log_level: str = log_level_setting()
 
     def __post_init__(self) -> None:
-        ChannelSecurity.of(self).validate()
+        ChannelSecurity.of(self).check_flags()
         if not self.replica_id:
             raise ValueError("missing --replica-id")
         if not self.model_id:
