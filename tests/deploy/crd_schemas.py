@@ -1,4 +1,5 @@
-"""JSON schemas for the Prometheus Operator objects under deploy/observability.
+"""JSON schemas for the Prometheus Operator objects under deploy/observability and the
+cert-manager objects of deploy/overlays/tls.
 
 kubernetes-validate ships the schemas of Kubernetes' own kinds only. These cover the fields of
 ``monitoring.coreos.com/v1`` ServiceMonitor, PodMonitor and PrometheusRule that this project uses,
@@ -109,3 +110,58 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "additionalProperties": False,
     }),
 }  # fmt: skip
+
+
+def _cert_manager(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    out = _object(kind, spec)
+    out["properties"]["apiVersion"] = {"const": "cert-manager.io/v1"}
+    return out
+
+
+_ISSUER_REF = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"name": {"type": "string"}, "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                   "group": {"type": "string"}},
+    "additionalProperties": False,
+}  # fmt: skip
+_USAGES = ["signing", "digital signature", "content commitment", "key encipherment",
+           "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
+           "decipher only", "any", "server auth", "client auth", "code signing",
+           "email protection", "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user",
+           "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"]  # fmt: skip
+_GO_DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+
+# cert-manager.io/v1 Issuer and Certificate: the fields this project uses, with the CRDs'
+# types and enums; anything else fails.
+SCHEMAS["Issuer"] = _cert_manager("Issuer", {
+    "type": "object",
+    "properties": {
+        "selfSigned": {"type": "object", "additionalProperties": False},
+        "ca": {"type": "object", "required": ["secretName"],
+               "properties": {"secretName": {"type": "string"}}, "additionalProperties": False},
+    },
+    "minProperties": 1,
+    "maxProperties": 1,
+    "additionalProperties": False,
+})  # fmt: skip
+SCHEMAS["Certificate"] = _cert_manager("Certificate", {
+    "type": "object",
+    "required": ["secretName", "issuerRef"],
+    "properties": {
+        "secretName": {"type": "string"},
+        "commonName": {"type": "string", "maxLength": 64},
+        "dnsNames": {"type": "array", "items": {"type": "string"}},
+        "isCA": {"type": "boolean"},
+        "duration": {"type": "string", "pattern": _GO_DURATION},
+        "renewBefore": {"type": "string", "pattern": _GO_DURATION},
+        "privateKey": {"type": "object", "properties": {
+            "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+            "size": {"type": "integer"},
+            "rotationPolicy": {"enum": ["Never", "Always"]},
+            "encoding": {"enum": ["PKCS1", "PKCS8"]}}, "additionalProperties": False},
+        "usages": {"type": "array", "items": {"enum": _USAGES}},
+        "issuerRef": _ISSUER_REF,
+    },
+    "additionalProperties": False,
+})  # fmt: skip

@@ -43,7 +43,7 @@ def test_every_rendered_object_validates_against_its_schema(path: str) -> None:
     assert objs, f"{path} rendered nothing"
     for obj in objs:
         what = f"{path}: {obj['kind']}/{obj['metadata']['name']}"
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        if obj["apiVersion"].startswith(("monitoring.coreos.com/", "cert-manager.io/")):
             try:
                 jsonschema.validate(obj, SCHEMAS[obj["kind"]])
             except jsonschema.ValidationError as e:
