@@ -214,6 +214,8 @@ def test_stream_checks_every_update_and_keeps_the_earlier_ones(srv: RunningServe
     victim = stub.LookupRoute(lookup_chain(toks, tenant="victim"), timeout=10,
                               metadata=md("ops"))  # fmt: skip
     assert victim.reason_code != "PREFIX_MATCH" and not victim.replica_scores
+    assert not srv.metrics.registry.get_sample_value(
+        "inferencecache_server_report_stream_errors_total", {"reason": "cancelled"})
 
 
 def test_unfiltered_streams_need_an_every_tenant_credential(srv: RunningServer) -> None:

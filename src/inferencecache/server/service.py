@@ -259,12 +259,16 @@ class InferenceCacheService:
                 self._stream_errors("cancelled").inc()
 
         context.add_callback(on_termination)
-        for msg in request_iterator:
-            if msg is lookup_wire.UNDECODABLE:
-                ended.append("undecodable")
-                self._stream_errors("undecodable").inc()
-                self._reject(context, "ReportCacheState")
-            self._apply(msg, "update")
+        try:
+            for msg in request_iterator:
+                if msg is lookup_wire.UNDECODABLE:
+                    ended.append("undecodable")
+                    self._stream_errors("undecodable").inc()
+                    self._reject(context, "ReportCacheState")
+                self._apply(msg, "update")
+        except _Rejected:
+            ended.append("refused")  # an update the credential may not send: counted there
+            raise
         ended.append("ok")
         return pb.Ack(accepted=True)
 
