@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from inferencecache.index.model import LookupRequest, LookupResult, Reason
@@ -53,7 +53,7 @@ def _no_credentials() -> str | None:
     return None
 
 
-def _no_cert_names() -> tuple[str, ...]:
+def _no_cert_names() -> Iterable[str]:
     return ()
 
 
@@ -86,7 +86,7 @@ class LookupPath:
         method: str = "LookupRoute",
         peer: Callable[[], str] = _no_peer,
         credentials: Callable[[], str | None] = _no_credentials,
-        cert_names: Callable[[], tuple[str, ...]] = _no_cert_names,
+        cert_names: Callable[[], Iterable[str]] = _no_cert_names,
     ) -> _T:
         """The encoded answer to one request. ``remaining_s`` is the caller's deadline in
         seconds from now (None: none); ``encode`` must accept any ``LookupResult`` (the

@@ -94,6 +94,11 @@ def _cert_names(context: grpc.ServicerContext) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _lazy_cert_names(context: grpc.ServicerContext) -> Iterator[str]:
+    """``_cert_names``, read only if the auth check gets that far (no bearer token)."""
+    yield from _cert_names(context)
+
+
 def _request_tenants(method: str, request: Any) -> Iterable[str | None]:
     """The tenants one request (or stream message) acts on; None = every tenant."""
     if request is lookup_wire.UNDECODABLE:
@@ -214,7 +219,7 @@ class InferenceCacheService:
                 encode_response,
                 peer=lambda: _peer(context),
                 credentials=lambda: _metadata(context, "authorization"),
-                cert_names=lambda: _cert_names(context),
+                cert_names=lambda: _lazy_cert_names(context),
             )
         except LookupDenied as e:
             self._deny(context, "LookupRoute",
@@ -329,7 +334,7 @@ class InferenceCacheService:
         an iterator checking each update as it arrives); aborts the call otherwise."""
         auth = self._auth
         try:
-            cred = auth.identify(_metadata(context, "authorization"), _cert_names(context))
+            cred = auth.identify(_metadata(context, "authorization"), _lazy_cert_names(context))
         except Denied as e:
             auth.count(method, e.code)
             self._deny(context, method, e)
