@@ -293,6 +293,14 @@ class Authorizer:
         self._outcomes = outcomes
         self.required = credentials is not None or mtls
         self._children: dict[tuple[str, str], Callable[[], None]] = {}
+        self._flat: tuple[list[Credential], list[tuple[bytes, Credential]]] | None = None
+
+    def _hashes(self, creds: list[Credential]) -> list[tuple[bytes, Credential]]:
+        """(token hash, credential) of every credential, rebuilt when the file was reloaded."""
+        cached = self._flat
+        if cached is None or cached[0] is not creds:
+            cached = self._flat = (creds, [(h, c) for c in creds for h in c.token_sha256])
+        return cached[1]
 
     def count(self, method: str, outcome: str) -> None:
         if self._outcomes is None:
@@ -312,10 +320,10 @@ class Authorizer:
         if token is not None:
             digest = hashlib.sha256(token).digest()
             found: Credential | None = None
-            for c in creds:  # every hash compared, so timing does not tell which one matched
-                for h in c.token_sha256:
-                    if hmac.compare_digest(digest, h) and found is None:
-                        found = c
+            compare = hmac.compare_digest
+            for h, c in self._hashes(creds):  # all compared: timing tells not which matched
+                if compare(digest, h) and found is None:
+                    found = c
             if found is not None:
                 return found
             raise Denied(UNAUTHENTICATED, "unknown bearer token")
