@@ -8,7 +8,10 @@ so the flags and their meaning are the same everywhere (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +23,13 @@ import grpc.aio
 
 from inferencecache.config import setting
 
+log = logging.getLogger("inferencecache.channels")
+
 TOKEN_RELOAD_EVERY_S = 1.0
+TLS_CHECK_EVERY_S = 1.0
+"""How often (at most) a long-lived client looks whether its TLS files changed."""
+
+Stamp = tuple[tuple[int, int, int] | None, ...]
 
 
 def auth_token_file_setting() -> Any:
@@ -113,7 +122,26 @@ class ChannelSecurity:
         if self.tls:
             self.channel_credentials()
 
+    def tls_stamp(self) -> Stamp:
+        """(mtime, size, inode) of the CA, certificate and key files: what a long-lived client
+        compares to notice a renewed certificate (``FollowedChannel``)."""
+        out: list[tuple[int, int, int] | None] = []
+        for path in (self.tls_ca_file, self.tls_cert_file, self.tls_key_file):
+            try:
+                st = os.stat(path) if path else None
+            except OSError:
+                st = None
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else None)
+        return tuple(out)
+
     def channel_credentials(self) -> grpc.ChannelCredentials:
+        if self.tls_cert_file and self.tls_key_file:
+            try:  # a key that is not the certificate's would only fail at the handshake
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+                    self.tls_cert_file, self.tls_key_file)
+            except (ssl.SSLError, OSError) as e:
+                raise ValueError(f"--tls-cert-file {self.tls_cert_file!r} / --tls-key-file "
+                                 f"{self.tls_key_file!r}: {e}") from None  # fmt: skip
         ca = _read("--tls-ca-file", self.tls_ca_file)
         cert = _read("--tls-cert-file", self.tls_cert_file) if self.tls_cert_file else None
         key = _read("--tls-key-file", self.tls_key_file) if self.tls_key_file else None
@@ -178,6 +206,58 @@ def security_of(settings: Any) -> ChannelSecurity:
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     return sec
+
+
+class FollowedChannel:
+    """An asyncio channel that is replaced when the TLS files change (a client certificate
+    renewed by cert-manager): ``current()`` checks the files at most every
+    ``TLS_CHECK_EVERY_S`` and, after a change, opens a new channel (new handshakes, the new
+    certificate) and closes the old one after ``grace`` seconds, so calls in flight finish.
+    A half-written pair keeps the current channel until the files are whole."""
+
+    def __init__(self, target: str, security: ChannelSecurity, options: Any, grace: float) -> None:
+        self.target = target
+        self.security = security
+        self.options = options
+        self.grace = grace
+        self.generation = 0
+        self.channel = security.aio_channel(target, options=options)
+        self._stamp = security.tls_stamp() if security.tls else None
+        self._next_check = 0.0
+        self._retired: set[asyncio.Task[None]] = set()
+
+    def current(self) -> grpc.aio.Channel:
+        if self._stamp is None:
+            return self.channel
+        now = time.monotonic()
+        if now < self._next_check:
+            return self.channel
+        self._next_check = now + TLS_CHECK_EVERY_S
+        stamp = self.security.tls_stamp()
+        if stamp == self._stamp:
+            return self.channel
+        self._stamp = stamp
+        try:
+            fresh = self.security.aio_channel(self.target, options=self.options)
+        except ValueError as e:
+            log.warning("TLS files changed but are not usable yet; keeping the connection",
+                        extra={"server": self.target, "err": str(e)})  # fmt: skip
+            return self.channel
+        old, self.channel = self.channel, fresh
+        self.generation += 1
+        try:
+            task = asyncio.get_running_loop().create_task(old.close(grace=self.grace))
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+        except RuntimeError:  # no running loop (not expected): leave it to the collector
+            pass
+        log.info("TLS files changed; new connections use them", extra={"server": self.target})
+        return fresh
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)
+        for task in list(self._retired):
+            task.cancel()
 
 
 PLAINTEXT = ChannelSecurity()

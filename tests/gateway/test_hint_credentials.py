@@ -62,3 +62,40 @@ async def test_refused_credential_is_no_hint_and_logged(
             assert hint.reason_code == "PREFIX_MATCH"
         finally:
             await client.close()
+
+
+async def test_a_renewed_client_certificate_is_used_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferencecache import channels
+    from inferencecache.server import auth
+    from inferencecache.server.tls import TlsFiles
+    from tests.tlscerts import CA
+
+    monkeypatch.setattr(channels, "TLS_CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(auth, "RELOAD_EVERY_S", 0.0)
+    ca = CA(tmp_path)
+    cert = ca.issue("server", server=True)
+    ca.issue("gateway-old", server=False, stem="client")
+    creds = tmp_path / "credentials"
+    creds.write_text(f"old reader default cert:gateway-old\nw producer default "
+                     f"{token_sha256('w')}\n")  # fmt: skip
+    chain = b"".join(fingerprint.chain(P, 16)[0])
+    tls = TlsFiles(str(cert.cert_file), str(cert.key_file), str(ca.file))
+    with running_server(credentials_file=str(creds), tls=tls) as srv:
+        w = ChannelSecurity(tls_ca_file=str(ca.file), tls_cert_file=str(tmp_path / "client.pem"),
+                            tls_key_file=str(tmp_path / "client.key"))  # fmt: skip
+        with w.channel(srv.grpc_target) as ch:
+            from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
+
+            pb_grpc.InferenceCacheStub(ch).ReportCacheState(  # type: ignore[no-untyped-call]
+                iter([report("r1", P)]), timeout=5, metadata=(("authorization", "Bearer w"),))
+        client = HintClient(srv.grpc_target, 5.0, "vllm", 16, w)
+        await client.start()
+        try:
+            assert (await client.lookup("default", "m", "", chain)).reason_code == "PREFIX_MATCH"
+            ca.issue("gateway-new", server=False, stem="client")
+            creds.write_text("new reader default cert:gateway-new\n")
+            assert (await client.lookup("default", "m", "", chain)).reason_code == "PREFIX_MATCH"
+        finally:
+            await client.close()

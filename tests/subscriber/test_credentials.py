@@ -63,3 +63,46 @@ async def test_refused_credentials_fail_the_call_with_a_clear_reason(
         finally:
             await client.close()
         assert srv.backend.index.counts()["holds"] == 0  # stored, then evicted by the event
+
+
+async def test_a_renewed_client_certificate_is_used_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cert-manager renews the sidecar's certificate (here with a new name, and the old name
+    revoked at the same time): the next call opens a new connection with the new certificate;
+    the connectivity watcher follows the new channel without calling it a loss."""
+    import asyncio
+
+    from inferencecache import channels
+    from inferencecache.server import auth
+    from inferencecache.subscriber.resync import watch_connectivity
+
+    monkeypatch.setattr(channels, "TLS_CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(auth, "RELOAD_EVERY_S", 0.0)
+    ca = CA(tmp_path)
+    cert = ca.issue("server", server=True)
+    ca.issue("sidecar-old", server=False, stem="client")
+    creds = tmp_path / "credentials"
+    creds.write_text("old producer tenant-t cert:sidecar-old\n")
+    tls = TlsFiles(str(cert.cert_file), str(cert.key_file), str(ca.file))
+    with running_server(credentials_file=str(creds), tls=tls) as srv:
+        sec = ChannelSecurity(tls_ca_file=str(ca.file), tls_cert_file=str(tmp_path / "client.pem"),
+                              tls_key_file=str(tmp_path / "client.key"))  # fmt: skip
+        client = CacheClient(srv.grpc_target, deadline=1.0, security=sec)
+        backs: list[int] = []
+        watcher = asyncio.create_task(watch_connectivity(
+            client.channel, lambda: backs.append(1), lambda: client.channel))
+        try:
+            update = build_update(IDENT, [entry(1)], 5)
+            assert (await client.report(update)).accepted
+            first = client.channel
+            ca.issue("sidecar-new", server=False, stem="client")
+            creds.write_text("new producer tenant-t cert:sidecar-new\n")
+            await asyncio.sleep(0.05)
+            assert (await client.report(update)).accepted  # the old name would be refused
+            assert client.channel is not first
+            await asyncio.sleep(1.5)  # the old channel closes after the deadline
+            assert not watcher.done() and backs == []
+        finally:
+            watcher.cancel()
+            await client.close()

@@ -21,7 +21,7 @@ import grpc
 import grpc.aio
 
 from inferencecache import fingerprint
-from inferencecache.channels import PLAINTEXT, ChannelSecurity
+from inferencecache.channels import PLAINTEXT, ChannelSecurity, FollowedChannel
 from inferencecache.routing import reasons
 from inferencecache.routing.model import Hint
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
@@ -239,6 +239,7 @@ class HintClient:
         self.hash_scheme = hash_scheme
         self.block_size = block_size
         self._channel: grpc.aio.Channel | None = None
+        self._followed: FollowedChannel | None = None
         self._call: Any = None
         self._log_error = _ErrorLog(target)
 
@@ -248,7 +249,9 @@ class HintClient:
         Returns True when connected. A refused connection returns at once (the first requests
         then fall back while the channel keeps retrying in the background).
         """
-        self._channel = self.security.aio_channel(self.target, options=CHANNEL_OPTIONS)
+        self._followed = FollowedChannel(self.target, self.security, CHANNEL_OPTIONS,
+                                         grace=self.timeout)  # fmt: skip
+        self._channel = self._followed.channel
         stub = pb_grpc.InferenceCacheStub(self._channel)  # type: ignore[no-untyped-call]
         self._call = stub.LookupRoute
         deadline = time.monotonic() + connect_wait
@@ -271,16 +274,24 @@ class HintClient:
             except TimeoutError:
                 return False
 
+    def _rebind(self, followed: FollowedChannel) -> None:
+        self._channel = followed.channel
+        stub = pb_grpc.InferenceCacheStub(self._channel)  # type: ignore[no-untyped-call]
+        self._call = stub.LookupRoute
+
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close(grace=None)
-            self._channel = None
+        if self._followed is not None:
+            await self._followed.close()
+            self._followed = self._channel = None
 
     async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
         """One LookupRoute; ``latency_s`` is the round trip as this process saw it."""
         req = chain_request(tenant, model, self.hash_scheme, adapter, chain, self.block_size)
         t0 = time.perf_counter()
         try:
+            followed = self._followed
+            if followed is not None and followed.current() is not self._channel:
+                self._rebind(followed)  # renewed TLS files: a new channel
             resp = await self._call(req, timeout=self.timeout, metadata=self.security.metadata())
         except grpc.aio.AioRpcError as e:
             elapsed = time.perf_counter() - t0

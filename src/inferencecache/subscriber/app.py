@@ -188,8 +188,9 @@ class Subscriber:
         self._spawn("intake", self.intake.run)
         self._spawn("processor", self.processor.run)
         self._spawn("sender", self.forwarder.run)
-        channel = self.client.channel
-        self._spawn("connectivity", lambda: watch_connectivity(channel, self._on_reconnect))
+        client = self.client
+        self._spawn("connectivity", lambda: watch_connectivity(
+            client.channel, self._on_reconnect, lambda: client.channel))
         intake = self.intake
         self.liveness = EngineLiveness(
             s.liveness_window,

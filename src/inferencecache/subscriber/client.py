@@ -17,7 +17,7 @@ import grpc.aio
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from inferencecache.channels import PLAINTEXT, ChannelSecurity
+from inferencecache.channels import PLAINTEXT, ChannelSecurity, FollowedChannel
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
@@ -46,14 +46,30 @@ class CacheClient:
         self.target = target
         self.deadline = deadline
         self.security = security
-        self.channel = security.aio_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.InferenceCacheStub(self.channel)  # type: ignore[no-untyped-call]
-        self._report = self.channel.stream_unary(
-            REPORT_PATH, request_serializer=_wire_bytes, response_deserializer=pb.Ack.FromString)
+        self._followed = FollowedChannel(target, security, CHANNEL_OPTIONS, grace=deadline)
+        self._generation = -1
         self._batching: bool | None = None
+        self._bind()
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        """The current channel (a new one after the TLS files changed: ``FollowedChannel``)."""
+        return self._followed.current()
+
+    def _bind(self) -> None:
+        """(Re)bind the stubs when the channel was replaced."""
+        channel = self._followed.current()
+        if self._followed.generation == self._generation:
+            return
+        self._generation = self._followed.generation
+        self._stub = pb_grpc.InferenceCacheStub(channel)  # type: ignore[no-untyped-call]
+        self._report = channel.stream_unary(
+            REPORT_PATH, request_serializer=_wire_bytes, response_deserializer=pb.Ack.FromString)
+        self._batching = None
 
     async def report(self, update: pb.CacheStateUpdate | bytes) -> pb.Ack:
         """Send one update on a fresh client stream, half-close, await the Ack."""
+        self._bind()
         ack: pb.Ack = await self._report(iter((update,)), timeout=self.deadline,
                                          metadata=self.security.metadata())  # fmt: skip
         return ack
@@ -61,12 +77,14 @@ class CacheClient:
     async def report_many(self, updates: Sequence[pb.CacheStateUpdate | bytes]) -> pb.Ack:
         """Several updates, in order, on one fresh client stream (the server applies each on
         receipt), half-close, await the Ack."""
+        self._bind()
         ack: pb.Ack = await self._report(iter(updates), timeout=self.deadline,
                                          metadata=self.security.metadata())  # fmt: skip
         return ack
 
     async def publish(self, event: pb.CacheEvent) -> pb.Ack:
         """Unary ``PublishEvent``."""
+        self._bind()
         ack: pb.Ack = await self._stub.PublishEvent(event, timeout=self.deadline,
                                                     metadata=self.security.metadata())  # fmt: skip
         return ack
@@ -99,7 +117,7 @@ class CacheClient:
         return False
 
     async def close(self) -> None:
-        await self.channel.close(grace=None)
+        await self._followed.close()
 
 
 def _has_batch_field(resp: Any) -> bool:

@@ -19,14 +19,25 @@ import grpc.aio
 log = logging.getLogger("inferencecache.subscriber")
 
 
-async def watch_connectivity(channel: grpc.aio.Channel, on_back: Callable[[], None]) -> None:
-    """Run until cancelled; ``on_back()`` each time the connection returns after a loss."""
+async def watch_connectivity(
+    channel: grpc.aio.Channel,
+    on_back: Callable[[], None],
+    current: Callable[[], grpc.aio.Channel] | None = None,
+) -> None:
+    """Run until cancelled; ``on_back()`` each time the connection returns after a loss.
+    ``current``: the client's channel now; the watcher follows it when the client replaced the
+    channel (renewed TLS files; the old one is then closed, which ends the wait)."""
     ready = grpc.ChannelConnectivity.READY
     state = channel.get_state(try_to_connect=True)
     was_ready = state == ready
     lost = False
     while True:
         await channel.wait_for_state_change(state)
+        if current is not None and (fresh := current()) is not channel:
+            channel = fresh  # not a loss: the server kept its state; a fresh start on the new one
+            state = channel.get_state(try_to_connect=True)
+            was_ready, lost = state == ready, False
+            continue
         state = channel.get_state(try_to_connect=True)
         if state == ready:
             if lost:
