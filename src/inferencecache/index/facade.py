@@ -101,13 +101,19 @@ class Index:
     # -- ingest ---------------------------------------------------------------------------
 
     def apply_update(
-        self, update: UpdateLike | PackedUpdate, *, allow_probe: bool = False
+        self,
+        update: UpdateLike | PackedUpdate,
+        *,
+        allow_probe: bool = False,
+        now_us: int | None = None,
     ) -> None:
         """Apply one CacheStateUpdate (contract-and-index.md §4.2), then the tenant quota and the
         global cap. The compact form of the server's wire parser (``PackedUpdate``) gives the same
         result. Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
-        ``/probe`` self-test)."""
-        now = self.clock.now_us()
+        ``/probe`` self-test). ``now_us`` replaces the index clock for every time this update
+        stamps or compares (a replica of the event log passes the log entry's time, so every
+        replica stores the same state)."""
+        now = self.clock.now_us() if now_us is None else now_us
         st = self._state
         with self._lock:
             try:
@@ -119,11 +125,13 @@ class Index:
             finally:
                 st.finish()
 
-    def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
+    def apply_event(
+        self, event: EventLike, *, allow_probe: bool = False, now_us: int | None = None
+    ) -> None:
         """Apply one CacheEvent (contract-and-index.md §4.4); a batched ``PREFIX_EVICTED``
-        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` as in
-        ``apply_update``."""
-        now = self.clock.now_us()
+        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` and
+        ``now_us`` as in ``apply_update``."""
+        now = self.clock.now_us() if now_us is None else now_us
         st = self._state
         with self._lock:
             try:
@@ -131,9 +139,10 @@ class Index:
             finally:
                 st.finish()
 
-    def sweep(self) -> None:
-        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``."""
-        now = self.clock.now_us()
+    def sweep(self, *, now_us: int | None = None) -> None:
+        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``
+        (an event-log replica at the log's time, ``now_us``)."""
+        now = self.clock.now_us() if now_us is None else now_us
         st = self._state
         with self._lock:
             try:
@@ -188,6 +197,40 @@ class Index:
                           row.pressure, row.last_seen, row.stats_reported)
                 for tm, rows in st.stats.items() for rid, row in rows.items()
             ]  # fmt: skip
+
+    # -- state as a whole (event-log snapshots, docs/event-log.md) ----------------------------
+
+    def dump_state(self) -> list[bytes]:
+        """The state as ``persist`` blobs (meta, then one per partition), taken under the lock:
+        one consistent point. Used by event-log snapshots."""
+        from inferencecache.index import persist
+
+        with self._lock:
+            return list(persist.iter_dump(self._state))
+
+    def replace_state(self, blobs: list[bytes] | None) -> None:
+        """Replace the whole state by an empty one (``None``) or by ``dump_state`` blobs.
+
+        The new state is built outside the lock and swapped in at once; on a bad dump
+        (``persist.PersistError``) the current state stays. The replica name list object is
+        kept (``Router`` holds it), and every model's ``index_entries`` gauge is re-set."""
+        from inferencecache.index import persist
+
+        fresh = IndexState(self.settings, self.store_factory, self.metrics, self._state.policies)
+        if blobs is not None:
+            if not blobs:
+                raise persist.PersistError("empty dump")
+            persist.load(fresh, blobs[0], blobs[1:])
+        with self._lock:
+            old = self._state
+            names = old.replicas.names
+            names[:] = fresh.replicas.names
+            fresh.replicas._names = names
+            fresh.policies = old.policies
+            fresh.mark_models_dirty(old.entries_by_model)
+            fresh.mark_models_dirty(fresh.entries_by_model)
+            self._state = fresh
+            fresh.finish()
 
     def verify(self) -> list[str]:
         """Recount every view from the holds (tests; O(holds))."""
