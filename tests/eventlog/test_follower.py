@@ -1,0 +1,163 @@
+"""Appender and follower against a real redis-server: group commit, sequence numbers, a trimmed
+gap detected and recovered, the log going back, Redis down and back (docs/event-log.md)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode, LogUnavailable
+from inferencecache.eventlog import codec
+from inferencecache.index import Index, IndexSettings, LookupRequest, Router
+from inferencecache.procs import RedisServer
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def update(replica: str, first: int, n: int) -> bytes:
+    return pb.CacheStateUpdate(
+        replica_id=replica, model_id="m", tenant_id="t", hash_scheme="s",
+        prefixes=[pb.PrefixEntry(prefix_hash=(first + i).to_bytes(8, "big"), token_count=16)
+                  for i in range(n)]).SerializeToString()
+
+
+def node(url: str, tmp_path=None, read_only: bool = False, **kw) -> tuple[LogNode, Index]:
+    idx = Index(IndexSettings())
+    cfg = EventLogConfig(url, snapshot_dir=str(tmp_path) if tmp_path else "", **kw)
+    n = LogNode(idx, cfg, EventLogMetrics(), read_only=read_only)
+    n.start()
+    return n, idx
+
+
+def metric(n: LogNode, name: str, **labels: str) -> float:
+    for fam in n.metrics.registry.collect():
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def holds(idx: Index) -> set[tuple[bytes, str]]:
+    return {(h.key, h.replica_id) for h in idx.holds()}
+
+
+def test_group_commit_and_sequence_numbers(redis_server: RedisServer) -> None:
+    a, idx = node(redis_server.url)
+    try:
+        futs = [a.submit(codec.KIND_UPDATE, update(f"r{i % 3}", i * 10, 10)) for i in range(200)]
+        for f in futs:
+            f.result(10)
+        r = redis.Redis.from_url(redis_server.url)
+        seq = int(r.get("{inferencecache}:seq") or 0)
+        entries = r.xrange("{inferencecache}:log")
+        assert [int(f[b"n"]) for _, f in entries] == list(range(1, seq + 1))
+        assert sum(len(codec.decode(f[b"d"]).items) for _, f in entries) == 200
+        assert a.follower.wait_for(seq, 10)
+        assert len(holds(idx)) == 2000
+        assert metric(a, "inferencecache_eventlog_applied_entries_total") == seq
+    finally:
+        a.stop()
+
+
+def test_trimmed_gap_is_counted_and_recovered(redis_server: RedisServer, tmp_path) -> None:
+    a, _ = node(redis_server.url)
+    b, idx_b = node(redis_server.url, tmp_path / "b", read_only=True)
+    try:
+        a.submit(codec.KIND_UPDATE, update("r0", 0, 50)).result(10)
+        assert b.follower.wait_for(1, 10)
+        assert b.follower.snapshot_now() is not None
+        b.stop()
+        # while b is down: more entries, then everything older than "now" is trimmed
+        a.submit(codec.KIND_UPDATE, update("r1", 100, 50)).result(10)
+        a.submit(codec.KIND_EVENT, pb.CacheEvent(
+            type=2, replica_id="r0", model_id="m", tenant_id="t",
+            prefix_hash=(0).to_bytes(8, "big")).SerializeToString()).result(10)
+        time.sleep(0.01)
+        assert a.appender is not None and a.appender.trim(0) == 3
+        a.submit(codec.KIND_UPDATE, update("r2", 200, 50)).result(10)  # entry 4: kept
+        b2, idx_b2 = node(redis_server.url, tmp_path / "b", read_only=True)
+        try:
+            assert b2.follower.wait_for(4, 10)
+            assert metric(b2, "inferencecache_eventlog_gaps_total", reason="trimmed") == 1
+            assert metric(b2, "inferencecache_eventlog_recoveries_total", source="replay") == 1
+            # rebuilt from what the log still has: only entry 4
+            assert {r for _, r in holds(idx_b2)} == {"r2"}
+            assert idx_b2.verify() == []
+        finally:
+            b2.stop()
+    finally:
+        a.stop()
+
+
+def test_redis_down_fails_fast_serves_from_memory_and_resumes(tmp_path) -> None:
+    d = tmp_path / "redis"
+    d.mkdir()
+    srv = RedisServer(str(d)).start()
+    a, idx = node(srv.url)
+    b, idx_b = node(srv.url, read_only=True)
+    try:
+        a.submit(codec.KIND_UPDATE, update("r0", 0, 64)).result(10)
+        assert b.follower.wait_for(1, 10)
+        req = LookupRequest(tenant_id="t", model_id="m", hash_scheme="s",
+                            block_hashes=b"".join(i.to_bytes(8, "big") for i in range(64)),
+                            packed_hashes=True, block_token_counts=[16] * 64)
+        before = Router(idx_b).lookup(req)
+        assert before.reason_code == "PREFIX_MATCH"
+        srv.stop()
+        with pytest.raises(LogUnavailable):  # the append that finds Redis gone
+            a.submit(codec.KIND_UPDATE, update("r1", 0, 8)).result(10)
+        t0 = time.monotonic()
+        with pytest.raises(LogUnavailable):  # and then at once, without a round trip
+            a.submit(codec.KIND_UPDATE, update("r1", 0, 8))
+        assert time.monotonic() - t0 < 0.5
+        during = Router(idx_b).lookup(req)  # from memory (scores age with the wall clock)
+        assert [(r.replica_id, r.matched_tokens) for r in during.replica_scores] == [
+            (r.replica_id, r.matched_tokens) for r in before.replica_scores]
+        srv.start()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                a.submit(codec.KIND_UPDATE, update("r1", 0, 8)).result(10)
+                break
+            except LogUnavailable:
+                assert time.monotonic() < deadline, "the appender never came back"
+                time.sleep(0.2)
+        assert b.follower.wait_for(2, 20) and a.follower.wait_for(2, 20)
+        assert holds(idx) == holds(idx_b)
+        assert ("r1" in {r for _, r in holds(idx_b)})
+        assert metric(b, "inferencecache_eventlog_applied_entries_total") == 2  # none twice
+    finally:
+        a.stop()
+        b.stop()
+        srv.stop()
+
+
+def test_log_that_went_back_is_detected(tmp_path) -> None:
+    d = tmp_path / "redis"
+    d.mkdir()
+    srv = RedisServer(str(d), appendonly=False).start()
+    a, idx = node(srv.url)
+    try:
+        for i in range(3):
+            a.submit(codec.KIND_UPDATE, update("r0", i * 10, 10)).result(10)
+        assert a.follower.wait_for(3, 10)
+        srv.restart()  # comes back empty: entries 1-3 are gone
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                a.submit(codec.KIND_UPDATE, update("r9", 500, 4)).result(10)
+                break
+            except LogUnavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while {r for _, r in holds(idx)} != {"r9"}:
+            assert time.monotonic() < deadline, holds(idx)
+            time.sleep(0.05)
+        assert metric(a, "inferencecache_eventlog_gaps_total", reason="rewound") >= 1
+    finally:
+        a.stop()
+        srv.stop()

@@ -1,0 +1,96 @@
+"""Snapshots (docs/event-log.md, "Snapshots"): the index state survives dump → file → load
+exactly, on both store backends; a corrupt or truncated file is skipped for the older one."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from inferencecache.eventlog.applier import LogTime
+from inferencecache.eventlog.snapshot import Position, SnapshotError, SnapshotStore, decode, encode
+from inferencecache.index import STORE_BACKENDS, Index, IndexSettings, Prefix, Stats, Update
+from inferencecache.index.backends import store_factory
+from inferencecache.index.model import PROBE_TENANT, Event, EventType
+
+
+def filled(backend: str, seed: int = 7) -> Index:
+    rng = random.Random(seed)
+    idx = Index(IndexSettings(max_holds=5000), store_factory=store_factory(backend))
+    now = 1_700_000_000_000_000
+    for i in range(120):
+        tenant = f"t{rng.randrange(3)}"
+        prefixes: list[Prefix] = []
+        for _ in range(rng.randrange(1, 80)):
+            n = 8 if rng.random() < 0.9 else rng.choice([0, 3, 16])
+            prefixes.append(Prefix(rng.randbytes(n), rng.randrange(-5, 5000),
+                                   tier=rng.choice([0, 1, 2, 3, -1]),
+                                   adapter_id=rng.choice(["", "", "lora"])))
+        idx.apply_update(Update(f"r{rng.randrange(12)}", f"m{rng.randrange(2)}", tenant, "s",
+                                rng.choice([0, now - rng.randrange(10**9)]), prefixes,
+                                Stats(rng.randrange(10**9), rng.random(), rng.random())
+                                if rng.random() < 0.3 else None), now_us=now + i)
+        if rng.random() < 0.2:
+            idx.apply_event(Event(int(EventType.ALL_CLEARED), f"r{rng.randrange(12)}", "m0",
+                                  tenant), now_us=now + i)
+    # a probe partition: never part of a snapshot
+    idx.apply_update(Update("probe-r", "m", PROBE_TENANT, "s", 0, [Prefix(b"12345678", 16)]),
+                     allow_probe=True)
+    return idx
+
+
+def view(idx: Index) -> tuple[list[object], list[object]]:
+    holds = sorted((h.partition, h.key, h.replica_id, h.tokens, h.last_seen_us, h.tier)
+                   for h in idx.holds() if h.partition[0] != PROBE_TENANT)
+    stats = sorted(idx.stats_rows())
+    return holds, stats  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("backend", sorted(STORE_BACKENDS))
+def test_dump_file_load_is_exact(tmp_path, backend: str) -> None:
+    src = filled(backend)
+    store = SnapshotStore(str(tmp_path))
+    t = LogTime(123, 45, b'{"version":7,"policies":[]}')
+    store.write(Position.of(9, b"17-3"), t, src.dump_state())
+    snap = next(store.newest_first())
+    assert snap.position == Position(9, 17, 3) and snap.time == t
+    dst = Index(IndexSettings(max_holds=5000), store_factory=store_factory(backend))
+    dst.replace_state(snap.blobs)
+    assert dst.verify() == []
+    assert view(dst) == view(src)
+    assert dst.counts()["reserved_holds"] == 0
+
+
+def test_corrupt_and_truncated_files_are_skipped_for_the_older_one(tmp_path) -> None:
+    src = filled("python")
+    store = SnapshotStore(str(tmp_path), keep=3)
+    for seq in (1, 2, 3):
+        store.write(Position(seq, seq, 0), LogTime(), src.dump_state())
+    paths = [p for _, p in store.paths()]
+    assert len(paths) == 3
+    with open(paths[0], "r+b") as f:  # newest: flip one byte in the middle
+        f.seek(os.path.getsize(paths[0]) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with open(paths[1], "r+b") as f:  # second: truncated
+        f.truncate(os.path.getsize(paths[1]) - 10)
+    found = [s.position.seq for s in store.newest_first()]
+    assert found == [1]
+    assert store.skipped == 2
+
+
+def test_keeps_the_newest_two(tmp_path) -> None:
+    store = SnapshotStore(str(tmp_path))
+    for seq in range(1, 6):
+        store.write(Position(seq, seq, 0), LogTime(), filled("python", seq).dump_state())
+    assert [s for s, _ in store.paths()] == [5, 4]
+
+
+def test_every_truncation_of_a_file_is_rejected() -> None:
+    data = b"".join(encode(Position(1, 2, 3), LogTime(4, 5, None), filled("python").dump_state()))
+    decode(data)
+    for cut in range(0, len(data), max(1, len(data) // 300)):
+        with pytest.raises(SnapshotError):
+            decode(data[:cut])
