@@ -3,6 +3,7 @@ an ``EntryError`` with a bounded reason, never another exception."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -47,7 +48,5 @@ def test_random_garbage_never_raises_anything_else() -> None:
         buf = bytearray(good)
         for _ in range(rng.randrange(1, 4)):
             buf[rng.randrange(len(buf))] = rng.randrange(256)
-        try:
+        with contextlib.suppress(codec.EntryError):
             codec.decode(bytes(buf))
-        except codec.EntryError:
-            pass

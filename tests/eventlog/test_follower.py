@@ -8,8 +8,7 @@ import time
 import pytest
 import redis
 
-from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode, LogUnavailable
-from inferencecache.eventlog import codec
+from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode, LogUnavailable, codec
 from inferencecache.index import Index, IndexSettings, LookupRequest, Router
 from inferencecache.procs import RedisServer
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -64,7 +63,7 @@ def test_group_commit_and_sequence_numbers(redis_server: RedisServer) -> None:
 
 def test_trimmed_gap_is_counted_and_recovered(redis_server: RedisServer, tmp_path) -> None:
     a, _ = node(redis_server.url)
-    b, idx_b = node(redis_server.url, tmp_path / "b", read_only=True)
+    b, _idx_b = node(redis_server.url, tmp_path / "b", read_only=True)
     try:
         a.submit(codec.KIND_UPDATE, update("r0", 0, 50)).result(10)
         assert b.follower.wait_for(1, 10)

@@ -96,7 +96,7 @@ def test_restored_replica_continues_exactly() -> None:
 
 
 def test_bad_items_are_counted_and_skipped() -> None:
-    idx, ap = replica(0)
+    _idx, ap = replica(0)
     m = ap.metrics
     ap.apply(codec.Entry(1, "a", [(codec.KIND_UPDATE, b"\xff\xff"), (77, b""),
                                    (codec.KIND_POLICY, b"{not json")]))
