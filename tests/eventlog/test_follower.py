@@ -4,6 +4,7 @@ gap detected and recovered, the log going back, Redis down and back (docs/event-
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -17,10 +18,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def update(replica: str, first: int, n: int) -> bytes:
-    return pb.CacheStateUpdate(
+    return bytes(pb.CacheStateUpdate(
         replica_id=replica, model_id="m", tenant_id="t", hash_scheme="s",
         prefixes=[pb.PrefixEntry(prefix_hash=(first + i).to_bytes(8, "big"), token_count=16)
-                  for i in range(n)]).SerializeToString()
+                  for i in range(n)]).SerializeToString())
 
 
 def node(url: str, tmp_path=None, read_only: bool = False, **kw) -> tuple[LogNode, Index]:
@@ -51,7 +52,7 @@ def test_group_commit_and_sequence_numbers(redis_server: RedisServer) -> None:
             f.result(10)
         r = redis.Redis.from_url(redis_server.url)
         seq = int(r.get("{inferencecache}:seq") or 0)
-        entries = r.xrange("{inferencecache}:log")
+        entries: Any = r.xrange("{inferencecache}:log")
         assert [int(f[b"n"]) for _, f in entries] == list(range(1, seq + 1))
         assert sum(len(codec.decode(f[b"d"]).items) for _, f in entries) == 200
         assert a.follower.wait_for(seq, 10)
@@ -72,7 +73,7 @@ def test_trimmed_gap_is_counted_and_recovered(redis_server: RedisServer, tmp_pat
         # while b is down: more entries, then everything older than "now" is trimmed
         a.submit(codec.KIND_UPDATE, update("r1", 100, 50)).result(10)
         a.submit(codec.KIND_EVENT, pb.CacheEvent(
-            type=2, replica_id="r0", model_id="m", tenant_id="t",
+            type=pb.CacheEvent.PREFIX_EVICTED, replica_id="r0", model_id="m", tenant_id="t",
             prefix_hash=(0).to_bytes(8, "big")).SerializeToString()).result(10)
         time.sleep(0.01)
         assert a.appender is not None and a.appender.trim(0) == 3
