@@ -7,9 +7,8 @@ from __future__ import annotations
 import random
 
 from inferencecache.eventlog import codec
-from inferencecache.eventlog.applier import Applier
+from inferencecache.eventlog.applier import Applier, LogTime
 from inferencecache.eventlog.metrics import EventLogMetrics
-from inferencecache.eventlog.applier import LogTime
 from inferencecache.index import FakeClock, Index, IndexSettings
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
