@@ -206,7 +206,7 @@ def test_e2e_two_replicas_answer_identically(
                 upd = pb.CacheStateUpdate(
                     replica_id=replica, model_id=model, tenant_id="t", hash_scheme="s",
                     prefixes=[pb.PrefixEntry(prefix_hash=k, token_count=16 * (j + 1),
-                                             tier=rng.choice([0, 1, 2]))
+                                             tier=rng.choice([0, 1, 2]))  # type: ignore[arg-type]
                               for j, k in enumerate(keys[start:start + rng.randrange(1, 60)])])
                 if rng.random() < 0.3:
                     upd.stats.hit_rate = rng.random()

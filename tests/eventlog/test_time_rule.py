@@ -38,8 +38,8 @@ def entries(seed: int, n: int = 400) -> list[codec.Entry]:
                     u.stats.hit_rate = rng.random()
                 items.append((codec.KIND_UPDATE, u.SerializeToString()))
             elif r < 0.9:
-                e = pb.CacheEvent(type=pb.CacheEvent.PREFIX_EVICTED, replica_id=replica, model_id="m",
-                                  tenant_id=f"t{rng.randrange(2)}",
+                e = pb.CacheEvent(type=pb.CacheEvent.PREFIX_EVICTED, replica_id=replica,
+                                  model_id="m", tenant_id=f"t{rng.randrange(2)}",
                                   prefix_hash=rng.randrange(60).to_bytes(8, "big"))
                 items.append((codec.KIND_EVENT, e.SerializeToString()))
             elif r < 0.95:
