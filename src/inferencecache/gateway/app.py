@@ -27,7 +27,7 @@ from aiohttp import web
 from inferencecache import fingerprint
 from inferencecache.gateway.engines import EnginePool
 from inferencecache.gateway.errors import ApiError
-from inferencecache.gateway.hints import HintClient
+from inferencecache.gateway.hints import HintClient, ReplicaHintClient
 from inferencecache.gateway.metrics import GatewayMetrics
 from inferencecache.gateway.oracle import query_oracle
 from inferencecache.gateway.settings import GatewaySettings
@@ -162,7 +162,7 @@ class Gateway:
         self.port = 0
         self._session: aiohttp.ClientSession | None = None
         self._pool: EnginePool | None = None
-        self._hints: HintClient | None = None
+        self._hints: HintClient | ReplicaHintClient | None = None
         self._listener: Listener | None = None
         self._unknown_logged: dict[tuple[str, str, str], float] = {}
 
@@ -198,7 +198,12 @@ class Gateway:
             static_adapters=s.adapter_bases,
         )
         if self.policy.needs_hint:
-            self._hints = HintClient(str(s.server), s.lookup_timeout, s.hash_scheme, s.block_size)
+            if s.event_log:
+                self._hints = ReplicaHintClient(s.event_log, s.event_log_key, s.hash_scheme,
+                                                s.block_size)
+            else:
+                self._hints = HintClient(str(s.server), s.lookup_timeout, s.hash_scheme,
+                                         s.block_size)
             await asyncio.gather(self._hints.start(connect_wait=1.0), self._pool.start())
         else:
             await self._pool.start()

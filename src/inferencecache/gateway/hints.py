@@ -123,3 +123,65 @@ class HintClient:
                 "LookupRoute failed; routing without a hint (logged at most every 10s)",
                 extra={"server": self.target, "err": err},
             )
+
+
+class ReplicaHintClient:
+    """The same answers from a replica of the event log held in this process
+    (``gateway --event-log``): ``Router.lookup`` runs on the event loop's thread (tens of
+    microseconds), no gRPC hop. Until the replica has caught up its hints may miss (fail-open,
+    like a server that is not ready)."""
+
+    def __init__(self, url: str, key_prefix: str, hash_scheme: str, block_size: int) -> None:
+        from inferencecache.eventlog import EventLogConfig, Replica
+        from inferencecache.index import IndexSettings
+
+        self.hash_scheme = hash_scheme
+        self.block_size = block_size
+        self.replica = Replica(EventLogConfig(url, key_prefix=key_prefix),
+                               settings=IndexSettings(engine_block_size=block_size))
+        self._counts: dict[int, bytes] = {}
+        self._last_error_log = 0.0
+
+    async def start(self, connect_wait: float = 1.0) -> bool:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.replica.start)  # may load nothing; never blocks
+        return await loop.run_in_executor(None, self.replica.wait_ready, connect_wait)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.replica.close)
+
+    async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
+        from inferencecache.index import LookupRequest
+
+        n = len(chain) // fingerprint.HASH_BYTES
+        counts = self._counts.get(n)
+        if counts is None:
+            counts = bytes((self.block_size,)) * n if self.block_size < 256 else b""
+            if len(self._counts) < 4096:
+                self._counts[n] = counts
+        req = LookupRequest(
+            tenant_id=tenant, model_id=model, hash_scheme=self.hash_scheme, adapter_id=adapter,
+            block_hashes=chain, packed_hashes=True,
+            block_token_counts=counts if counts else [self.block_size] * n,
+        )
+        t0 = time.perf_counter()
+        try:
+            resp = self.replica.lookup(req)
+        except Exception as e:  # never fail a request because of the hint plane
+            elapsed = time.perf_counter() - t0
+            self._log_error(f"{type(e).__name__}: {e}")
+            return Hint(reasons.HINT_ERROR, latency_s=elapsed)
+        elapsed = time.perf_counter() - t0
+        scores = resp.replica_scores
+        return Hint(
+            resp.reason_code,
+            tuple(s.replica_id for s in scores),
+            elapsed,
+            tuple(s.matched_tokens for s in scores),
+        )
+
+    def _log_error(self, err: str) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL:
+            self._last_error_log = now
+            log.warning("in-process lookup failed; routing without a hint", extra={"err": err})

@@ -101,6 +101,15 @@ class GatewaySettings:
     lookup_timeout: float = setting(
         0.05, param=DURATION, help="LookupRoute deadline; on expiry the request is routed anyway."
     )
+    event_log: str = setting(
+        "",
+        help="Ask a replica of the shared event log held in this process instead of --server "
+        "(redis://HOST:PORT/DB, as serve --event-log): no gRPC hop per request.",
+        metavar="URL",
+    )
+    event_log_key: str = setting(
+        "inferencecache", help="Key prefix of the event log in Redis (as serve's)."
+    )
     routing_policy: str = setting(
         "cache_aware",
         param=click.Choice(POLICY_NAMES),
