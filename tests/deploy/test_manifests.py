@@ -283,7 +283,8 @@ def test_event_log_overlay_runs_replicas_on_the_shared_log(
     probe = server["readinessProbe"]
     assert probe["httpGet"]["path"] == "/readyz" and "grpc" not in probe
     sts = find(objs, "StatefulSet", "inferencecache-redis")
-    assert labels_match(redis_svc["spec"]["selector"], sts["spec"]["template"]["metadata"]["labels"])
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels_match(redis_svc["spec"]["selector"], pod_labels)
     args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
     policy = find(objs, "NetworkPolicy", "inferencecache-redis")
