@@ -95,11 +95,12 @@ LAG_LIMIT_S: Final = 10.0
 
 
 def event_log(f: Facts) -> Iterator[Verdict]:
-    """Per replica (each ``worker`` of ``serve --workers``): lag behind the shared event log."""
+    """Per replica (each ``worker`` of ``serve --workers``): lag behind the shared event log.
+    No line at all for a server without ``--event-log`` (nothing to check, not a skipped
+    input) or whose metrics could not be read (``server healthy`` fails then)."""
     m = f.server.metrics
     rows = m.samples.get("inferencecache_eventlog_replica_applied_sequence") if m else None
     if m is None or not rows:
-        yield Verdict(SKIP, "event log", "the server runs without --event-log")
         return
     parts, bad = [], []
     for labels, applied in sorted(rows, key=lambda r: r[0].get("worker", "")):
