@@ -314,10 +314,18 @@ class RedisServer:
     snapshots; stopped by its own PID. ``appendonly=False`` models a Redis that comes back
     empty."""
 
-    def __init__(self, directory: str, *, port: int = 0, appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        port: int = 0,
+        appendonly: bool = True,
+        password: str | None = None,
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.password = password
         self.popen: subprocess.Popen[Any] | None = None
 
     @property
@@ -331,7 +339,8 @@ class RedisServer:
         self.popen = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes" if self.appendonly else "no", "--dir", self.directory,
-             "--protected-mode", "no", "--loglevel", "warning"],
+             "--protected-mode", "no", "--loglevel", "warning",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout
@@ -339,7 +348,8 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    reply = s.recv(64)
+                    if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH"):
                         return self
             except OSError:
                 pass

@@ -11,7 +11,9 @@ PID in teardown.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -249,5 +251,74 @@ def test_e2e_two_replicas_answer_identically(
         for r in (a, b):
             if r is not None:
                 r.close()
+        children.stop_all()
+        redis_srv.stop()
+
+
+def _http(url: str, body: bytes | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def test_e2e_workers_share_the_port_and_the_policy_goes_through_the_log(
+    redis_dir: str, children: Children
+) -> None:
+    """``serve --workers 2``: both workers are replicas on one gRPC port; /metrics labels them;
+    ``POST /policy`` (forwarded to worker 0, appended to the log) changes every worker's
+    answers; a killed worker is started again and catches up."""
+    redis_srv = RedisServer(redis_dir).start()
+    try:
+        parent = children.start("serve", "--grpc-address", "127.0.0.1:0", "--http-address",
+                                 "127.0.0.1:0", "--event-log", redis_srv.url, "--workers", "2")
+        rec = parent.wait_log("serving with workers", timeout=60)
+        target = f"127.0.0.1:{rec['grpc_port']}"
+        http = f"http://127.0.0.1:{rec['http_port']}"
+        wait_until(lambda: _http(http + "/readyz")[0] == 200, 30, "workers ready")
+        chain = [(i + 1).to_bytes(8, "big") for i in range(8)]
+        upd = pb.CacheStateUpdate(replica_id="engine-0", model_id="m", tenant_id="t",
+                                  hash_scheme="s", prefixes=[pb.PrefixEntry(
+                                      block_hashes=chain, block_token_counts=[16] * 8)])
+        with grpc.insecure_channel(target) as ch:
+            pb_grpc.InferenceCacheStub(ch).ReportCacheState(  # type: ignore[no-untyped-call]
+                iter([upd]), timeout=5)
+        req = pb.LookupRouteRequest(tenant_id="t", model_id="m", hash_scheme="s",
+                                    block_hashes=chain, block_token_counts=[16] * 8)
+
+        def reasons(n: int = 12) -> set[str]:
+            out = set()
+            for _ in range(n):  # fresh connections: the kernel spreads them over the workers
+                with grpc.insecure_channel(
+                        target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                    stub: Any = pb_grpc.InferenceCacheStub(ch)  # type: ignore[no-untyped-call]
+                    out.add(stub.LookupRoute(req, timeout=5).reason_code)
+            return out
+
+        wait_until(lambda: reasons() == {"PREFIX_MATCH"}, 20, "every worker to match")
+        status, text = _http(http + "/metrics")
+        assert status == 200
+        assert text.count("# TYPE inferencecache_eventlog_applied_entries_total ") == 1
+        for w in ("0", "1"):
+            assert f'inferencecache_eventlog_applied_entries_total{{worker="{w}"}} 1.0' in text
+        # a 1e9 score floor (G2) turns every match into no match, on every worker
+        body = json.dumps({"version": 7, "policies": [
+            {"namespace": "t", "routingFloorScore": 1e9, "affinityRouting": False}]}).encode()
+        assert _http(http + "/policy", body)[0] == 204
+        wait_until(lambda: reasons() == {"NO_HINT"}, 20, "the policy on every worker")
+        # a worker killed: started again, replays, ready, same answers
+        pids = [r["pid"] for r in parent.records if r.get("msg") == "worker started"]
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)
+        parent.wait_log(lambda r: r.get("msg") == "worker started" and r["pid"] not in pids,
+                        timeout=60)
+        wait_until(lambda: _http(http + "/readyz")[0] == 200, 30, "ready again")
+        assert reasons(16) == {"NO_HINT"}
+    finally:
         children.stop_all()
         redis_srv.stop()

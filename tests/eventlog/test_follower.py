@@ -161,3 +161,23 @@ def test_log_that_went_back_is_detected(tmp_path) -> None:
     finally:
         a.stop()
         srv.stop()
+
+
+def test_password_from_the_config_and_a_wrong_one_is_unavailable(tmp_path) -> None:
+    d = tmp_path / "redis"
+    d.mkdir()
+    with RedisServer(str(d), password="s3cret") as srv:
+        good, idx = node(srv.url, password="s3cret")
+        try:
+            good.submit(codec.KIND_UPDATE, update("r0", 0, 4)).result(10)
+            assert good.follower.wait_for(1, 10)
+            assert len(holds(idx)) == 4
+        finally:
+            good.stop()
+        bad, _ = node(srv.url)
+        try:
+            with pytest.raises(LogUnavailable):
+                bad.submit(codec.KIND_UPDATE, update("r0", 0, 4)).result(10)
+            assert metric(bad, "inferencecache_eventlog_append_errors_total") == 1
+        finally:
+            bad.stop()
