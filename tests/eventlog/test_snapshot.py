@@ -94,3 +94,31 @@ def test_every_truncation_of_a_file_is_rejected() -> None:
     for cut in range(0, len(data), max(1, len(data) // 300)):
         with pytest.raises(SnapshotError):
             decode(data[:cut])
+
+
+def test_compiled_dump_columns_equals_the_default() -> None:
+    """The compiled store's one-pass copy (taken under the index lock) holds exactly what the
+    plain default built on ``holds()`` does."""
+    from inferencecache import accelerators
+    from inferencecache.index import store
+
+    native = accelerators.built("inferencecache.index._blockmap")
+    if native is None:
+        pytest.skip("compiled store not built")  # scripts/check requires it: never skipped there
+    rng = random.Random(3)
+    m = native.BlockMap()
+    for _ in range(3000):
+        key = rng.randbytes(8) if rng.random() < 0.95 else rng.randbytes(rng.choice([0, 5, 20]))
+        for _ in range(rng.randrange(1, 4)):
+            m.upsert(key, rng.randrange(40), rng.randrange(-9, 9999), rng.randrange(10**15),
+                     rng.choice([1, 2, 3, 2**31 - 1]))
+
+    def rows(cols: store.Columns) -> list[tuple[bytes, int, int, int, int]]:
+        keys, reps, toks, tss, tiers, others = cols
+        r, t, s, ti = (memoryview(reps).cast("I"), memoryview(toks).cast("i"),
+                       memoryview(tss).cast("q"), memoryview(tiers).cast("i"))
+        flat = [(keys[8 * i:8 * i + 8], r[i], t[i], s[i], ti[i]) for i in range(len(r))]
+        return sorted(flat + list(others))
+
+    assert rows(m.dump_columns()) == rows(store.dump_columns(m))
+    assert len(rows(m.dump_columns())) == m.hold_count()

@@ -153,9 +153,9 @@ class Follower:
         if self.snapshots is None:
             return None
         with self._cond:
-            blobs = self.index.dump_state()
+            cap = self.index.capture_state()
             pos, t = self.position, _copy_time(self.applier)
-        path, _ = self.snapshots.write(pos, t, blobs)
+        path, _ = self.snapshots.write(pos, t, cap.blobs())
         return path
 
     # -- start-up ---------------------------------------------------------------------------
@@ -314,8 +314,8 @@ class Follower:
         if self._writer is not None and self._writer.is_alive():
             return
         t0 = time.perf_counter()
-        with self._cond:
-            blobs = self.index.dump_state()
+        with self._cond:  # between two entries; lookups wait only for the plain copy
+            cap = self.index.capture_state()
             pos, t = self.position, _copy_time(self.applier)
         self._last_snapshot = time.monotonic()
         self._snapshot_pos = pos
@@ -323,7 +323,7 @@ class Follower:
 
         def write() -> None:
             try:
-                path, size = store.write(pos, t, blobs)
+                path, size = store.write(pos, t, cap.blobs())  # encoded here, off the lock
             except OSError as e:
                 self.metrics.snapshots("error").inc()
                 log.warning("snapshot write failed", extra={"dir": store.dir, "err": str(e)})

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar, TypeVarTuple
 
-from inferencecache.index import apply, eviction
+from inferencecache.index import apply, eviction, persist
 from inferencecache.index.backends import default_store_factory
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
@@ -200,13 +200,16 @@ class Index:
 
     # -- state as a whole (event-log snapshots, docs/event-log.md) ----------------------------
 
-    def dump_state(self) -> list[bytes]:
-        """The state as ``persist`` blobs (meta, then one per partition), taken under the lock:
-        one consistent point. Used by event-log snapshots."""
-        from inferencecache.index import persist
-
+    def capture_state(self) -> persist.Capture:
+        """The state at one consistent point (event-log snapshots): a plain copy taken under
+        the lock (one compiled pass per partition); ``.blobs()`` encodes it outside the lock."""
         with self._lock:
-            return list(persist.iter_dump(self._state))
+            return persist.capture(self._state)
+
+    def dump_state(self) -> list[bytes]:
+        """``capture_state().blobs()``: the state as ``persist`` blobs (meta, then one per
+        partition)."""
+        return self.capture_state().blobs()
 
     def replace_state(self, blobs: list[bytes] | None) -> None:
         """Replace the whole state by an empty one (``None``) or by ``dump_state`` blobs.
@@ -214,8 +217,6 @@ class Index:
         The new state is built outside the lock and swapped in at once; on a bad dump
         (``persist.PersistError``) the current state stays. The replica name list object is
         kept (``Router`` holds it), and every model's ``index_entries`` gauge is re-set."""
-        from inferencecache.index import persist
-
         fresh = IndexState(self.settings, self.store_factory, self.metrics, self._state.policies)
         if blobs is not None:
             if not blobs:

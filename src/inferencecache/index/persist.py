@@ -27,12 +27,12 @@ import json
 import struct
 import sys
 from array import array
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from inferencecache.index.model import PROBE_TENANT
 from inferencecache.index.state import IndexState, Partition, StatsRow
+from inferencecache.index.store import Columns
 
 FORMAT = 1
 """Version of the meta document and hold blobs (the snapshot file carries its own version)."""
@@ -78,33 +78,65 @@ def dump_meta(st: IndexState) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
-def dump_holds(part: Partition) -> bytes:
-    """One partition's holds as a blob (see the module doc)."""
-    groups: dict[tuple[int, int, int], tuple[list[bytes], array[int]]] = defaultdict(
-        lambda: ([], array("i"))
-    )
-    for h in part.ops.holds():
-        keys, toks = groups[(h.replica, h.last_seen, h.tier)]
-        keys.append(h.key)
-        toks.append(h.tokens)
-    out = [_U32.pack(len(groups))]
-    for (rid, ts, tier), (keys, toks) in groups.items():
-        n = len(keys)
-        uniform = all(len(k) == 8 for k in keys)
-        out.append(_GROUP.pack(rid, ts, tier, n, 0 if uniform else 1))
-        if not uniform:
-            out.append(_le(array("I", map(len, keys))))
-        out.append(b"".join(keys))
-        out.append(_le(toks))
+class Capture:
+    """The state at one point, taken under the index lock (``capture``: the small meta document
+    and a plain copy of each partition's holds); ``blobs()`` encodes it afterwards, outside
+    the lock."""
+
+    def __init__(self, meta: bytes, columns: list[Columns]) -> None:
+        self.meta = meta
+        self.columns = columns
+
+    def blobs(self) -> list[bytes]:
+        """``[meta, one holds blob per partition]``, as ``load`` reads them."""
+        return [self.meta, *map(encode_holds, self.columns)]
+
+
+def capture(st: IndexState) -> Capture:
+    """Under the index lock: meta + each non-probe partition's holds as columns."""
+    return Capture(dump_meta(st), [p.ops.dump_columns() for p in st.parts.values() if not p.probe])
+
+
+def encode_holds(cols: Columns) -> bytes:
+    """One partition's holds blob (see the module doc) from its columns."""
+    keys, reps_b, toks_b, tss_b, tiers_b, others = cols
+    reps = memoryview(reps_b).cast("I")
+    toks = memoryview(toks_b).cast("i")
+    tss = memoryview(tss_b).cast("q")
+    tiers = memoryview(tiers_b).cast("i")
+    groups: dict[tuple[int, int, int], tuple[bytearray, array[int]]] = {}
+    get = groups.get
+    kv = memoryview(keys)
+    for i in range(len(reps)):
+        g = (reps[i], tss[i], tiers[i])
+        ent = get(g)
+        if ent is None:
+            ent = groups[g] = (bytearray(), array("i"))
+        ent[0].extend(kv[8 * i : 8 * i + 8])
+        ent[1].append(toks[i])
+    long_groups: dict[tuple[int, int, int], tuple[list[bytes], array[int]]] = {}
+    for key, rid, tok, ts, tier in others:
+        lent = long_groups.get((rid, ts, tier))
+        if lent is None:
+            lent = long_groups[(rid, ts, tier)] = ([], array("i"))
+        lent[0].append(key)
+        lent[1].append(tok)
+    out = [_U32.pack(len(groups) + len(long_groups))]
+    for (rid, ts, tier), (kb, tk) in groups.items():
+        out.append(_GROUP.pack(rid, ts, tier, len(tk), 0))
+        out.append(bytes(kb))
+        out.append(_le(tk))
+    for (rid, ts, tier), (kl, tk) in long_groups.items():
+        out.append(_GROUP.pack(rid, ts, tier, len(tk), 1))
+        out.append(_le(array("I", map(len, kl))))
+        out.append(b"".join(kl))
+        out.append(_le(tk))
     return b"".join(out)
 
 
 def iter_dump(st: IndexState) -> Iterator[bytes]:
-    """``dump_meta`` then one ``dump_holds`` blob per partition, in partition order."""
-    yield dump_meta(st)
-    for part in st.parts.values():
-        if not part.probe:
-            yield dump_holds(part)
+    """``dump_meta`` then one holds blob per partition, in partition order."""
+    yield from capture(st).blobs()
 
 
 def load(st: IndexState, meta: bytes, blobs: Sequence[bytes]) -> None:
