@@ -3,6 +3,7 @@ gap detected and recovered, the log going back, Redis down and back (docs/event-
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -139,11 +140,13 @@ def test_log_that_went_back_is_detected(tmp_path) -> None:
     d = tmp_path / "redis"
     d.mkdir()
     srv = RedisServer(str(d), appendonly=False).start()
-    a, idx = node(srv.url)
+    a, idx = node(srv.url, tmp_path / "snaps")
     try:
         for i in range(3):
             a.submit(codec.KIND_UPDATE, update("r0", i * 10, 10)).result(10)
         assert a.follower.wait_for(3, 10)
+        stale = a.follower.snapshot_now()
+        assert stale is not None
         srv.restart()  # comes back empty: entries 1-3 are gone
         deadline = time.monotonic() + 20
         while True:
@@ -158,6 +161,7 @@ def test_log_that_went_back_is_detected(tmp_path) -> None:
             assert time.monotonic() < deadline, holds(idx)
             time.sleep(0.05)
         assert metric(a, "inferencecache_eventlog_gaps_total", reason="rewound") >= 1
+        assert not os.path.exists(stale)  # it covered entries the log no longer has
     finally:
         a.stop()
         srv.stop()

@@ -224,7 +224,7 @@ class Follower:
         entries: list[Any] = reply[0][1] if reply else []
         if head < self.position.seq:
             self._gap("rewound", f"the log's counter is {head}, this replica applied "
-                      f"{self.position.seq}")
+                      f"{self.position.seq}", head)
             self.head = head
             return
         self.head = head
@@ -245,7 +245,7 @@ class Follower:
                         self._gap("trimmed", f"next entry is {seq}, expected {expected}")
                     self._policy_before(seq)
                 elif seq >= 0:
-                    self._gap("rewound", f"next entry is {seq}, expected {expected}")
+                    self._gap("rewound", f"next entry is {seq}, expected {expected}", seq - 1)
                     return
                 else:
                     seq = expected  # no sequence field: a foreign entry; count and skip it
@@ -274,9 +274,14 @@ class Follower:
             self.metrics.ready.set(1)
             log.info("replica caught up", extra={"sequence": self.position.seq, "head": head})
 
-    def _gap(self, reason: str, detail: str) -> None:
-        """Count the gap and start a fresh replay (the state is rebuilt from the log)."""
+    def _gap(self, reason: str, detail: str, kept: int | None = None) -> None:
+        """Count the gap and start a fresh replay (the state is rebuilt from the log). After the
+        log went back (``kept``: the last sequence number it still has), snapshots beyond it
+        are deleted: they cover entries that no longer exist."""
         self.metrics.gaps(reason).inc()
+        if kept is not None and self.write_snapshots and self.snapshots is not None:
+            for path in self.snapshots.discard_after(kept):
+                log.warning("snapshot deleted: the log went back before it", extra={"path": path})
         fresh = self.position.seq == 0 and self.index.counts()["keys"] == 0
         log.warning("event log gap; rebuilding this replica from the log",
                     extra={"reason": reason, "detail": detail, "log": self.log.describe(),

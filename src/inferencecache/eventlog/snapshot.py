@@ -192,6 +192,17 @@ class SnapshotStore:
                 os.unlink(old)
         return final, size
 
+    def discard_after(self, seq: int) -> list[str]:
+        """Delete the snapshots of positions beyond ``seq`` (after the log went back, they cover
+        entries it no longer has, and their numbers would rank them above every new one)."""
+        gone = []
+        for n, path in self.paths():
+            if n > seq:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                gone.append(path)
+        return gone
+
     def newest_first(self) -> Iterator[Snapshot]:
         """Every valid snapshot, newest first; an invalid one is skipped with one log line."""
         for _, path in self.paths():
