@@ -185,3 +185,45 @@ def test_password_from_the_config_and_a_wrong_one_is_unavailable(tmp_path) -> No
             assert metric(bad, "inferencecache_eventlog_append_errors_total") == 1
         finally:
             bad.stop()
+
+
+def test_ready_only_once_caught_up_to_within_the_lag(redis_server: RedisServer) -> None:
+    """``/readyz``'s rule: not ready while entries are pending and the newest applied one is
+    older than ``max_lag``; ready once caught up."""
+    from inferencecache.eventlog.follower import Follower
+    from inferencecache.eventlog.redislog import RedisLog
+
+    a, _ = node(redis_server.url)
+    try:
+        futs = [a.submit(codec.KIND_UPDATE, update("r0", i * 4, 4)) for i in range(5)]
+        for f in futs:
+            f.result(10)
+        time.sleep(0.05)
+        for i in range(5):  # one entry each (the previous append is done)
+            a.submit(codec.KIND_UPDATE, update("r1", i * 4, 4)).result(10)
+    finally:
+        a.stop()
+    r = redis.Redis.from_url(redis_server.url)
+    head = int(r.get("{inferencecache}:seq") or 0)
+    assert head >= 6
+    time.sleep(0.3)  # every entry is now older than max_lag
+    m = EventLogMetrics()
+    f = Follower(Index(IndexSettings()), RedisLog(redis_server.url), m, max_lag=0.2,
+                 read_count=1, block_ms=10)
+    f._read_once()
+    assert f.position.seq == 1 and not f.ready
+    assert f.lag()[0] == head - 1 and f.lag()[1] > 0.2
+    while f.position.seq < head:
+        f._read_once()
+        assert f.ready == (f.position.seq == head)
+    f._read_once()  # nothing new: still ready
+    assert f.ready and f.lag() == (0, 0.0)
+    assert metric_of(m, "inferencecache_eventlog_replica_ready") == 1
+
+
+def metric_of(m: EventLogMetrics, name: str) -> float:
+    for fam in m.registry.collect():
+        for s in fam.samples:
+            if s.name == name:
+                return float(s.value)
+    return 0.0
