@@ -208,16 +208,16 @@ def test_ready_only_once_caught_up_to_within_the_lag(redis_server: RedisServer) 
     assert head >= 6
     time.sleep(0.3)  # every entry is now older than max_lag
     m = EventLogMetrics()
-    f = Follower(Index(IndexSettings()), RedisLog(redis_server.url), m, max_lag=0.2,
-                 read_count=1, block_ms=10)
-    f._read_once()
-    assert f.position.seq == 1 and not f.ready
-    assert f.lag()[0] == head - 1 and f.lag()[1] > 0.2
-    while f.position.seq < head:
-        f._read_once()
-        assert f.ready == (f.position.seq == head)
-    f._read_once()  # nothing new: still ready
-    assert f.ready and f.lag() == (0, 0.0)
+    fol = Follower(Index(IndexSettings()), RedisLog(redis_server.url), m, max_lag=0.2,
+                   read_count=1, block_ms=10)
+    fol._read_once()
+    assert fol.position.seq == 1 and not fol.ready
+    assert fol.lag()[0] == head - 1 and fol.lag()[1] > 0.2
+    while fol.position.seq < head:
+        fol._read_once()
+        assert fol.ready == (fol.position.seq == head)
+    fol._read_once()  # nothing new: still ready
+    assert fol.ready and fol.lag() == (0, 0.0)
     assert metric_of(m, "inferencecache_eventlog_replica_ready") == 1
 
 
