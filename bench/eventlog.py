@@ -11,9 +11,9 @@ stopped by its own PID. Each figure is a ratio against a baseline measured in th
   --event-log`` (append, then its follower applies); ``log_ingest_2_blocks_per_s``: until a
   second replica (another ``serve --event-log`` with no subscriber) has applied every block
   too; ``log_ingest_ratio_1`` / ``_2`` against direct (target ≥ 0.5).
-- ``log_lag_p50_ms`` / ``_p99_ms``: append → visible on a second replica, updates of 1,024
-  blocks at half the 1-replica rate (in process: an appending ``LogNode`` and a read-only
-  ``Replica``; the time from ``submit`` until the replica has applied the entry).
+- ``log_lag_p50_ms`` / ``_p99_ms``: append → visible on a replica, updates of 1,024 blocks at
+  half the 1-replica rate (in process: an ``Appender`` and a read-only ``Replica``; the time
+  from ``submit`` until the replica has applied the entry).
 - ``log_startup_snapshot_s`` / ``log_startup_replay_s`` (and ``_ratio``): a replica of a log
   holding 1M holds (10M in full mode) ready from its snapshot vs by replaying the log.
 - ``log_lookup_rps_workers_1`` / ``_2`` (and ``log_lookup_workers_ratio``, target ≥ 1.4):
@@ -105,15 +105,15 @@ def _update(replica: str, first: int, n: int) -> bytes:
 
 
 def _lag(rate_blocks: float, seconds: float, tmp: Path) -> dict[str, Any]:
-    from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode, Replica, codec
-    from inferencecache.index import Index
+    from inferencecache.eventlog import EventLogConfig, EventLogMetrics, RedisLog, Replica, codec
+    from inferencecache.eventlog.appender import Appender
 
     per = 1024
     interval = per / rate_blocks
     rdir = tmp / "redis-lag"
     rdir.mkdir()
     with RedisServer(str(rdir)) as srv:
-        node = LogNode(Index(), EventLogConfig(srv.url), EventLogMetrics())
+        node = Appender(RedisLog(srv.url), EventLogMetrics())  # a writer only: no index here
         node.start()
         payloads = [_update(f"r{i % 8}", i * per, per) for i in range(int(seconds / interval) + 1)]
         lags: list[float] = []
@@ -129,7 +129,7 @@ def _lag(rate_blocks: float, seconds: float, tmp: Path) -> dict[str, Any]:
                 if not follower.wait_for(seq, 10):
                     raise RuntimeError("the replica never applied an entry")
                 lags.append((time.perf_counter() - t0) * 1000)
-        node.stop()
+        node.close()
     return {"log_lag_p50_ms": round(percentile(lags, 0.5), 2),
             "log_lag_p99_ms": round(percentile(lags, 0.99), 2),
             "log_lag_samples": len(lags), "log_lag_rate_blocks_per_s": round(rate_blocks)}
