@@ -188,7 +188,6 @@ def _lookup_rps(workers: int, requests: int, tmp: Path) -> float:
                            inherit=False)
         rec = proc.wait_log("serving with workers" if workers > 1 else "serving", timeout=120)
         port = int(rec["grpc_port"]) if workers > 1 else int(rec["grpc_address"].rsplit(":")[1])
-        http = f"http://{rec['http_address']}" if workers == 1 else None
         chain = [(i + 1).to_bytes(8, "big") for i in range(64)]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub: Any = pb_grpc.InferenceCacheStub(ch)  # type: ignore[no-untyped-call]
@@ -199,7 +198,6 @@ def _lookup_rps(workers: int, requests: int, tmp: Path) -> float:
                                              token_count=BLOCK) for i in range(6000)]
                     + [pb.PrefixEntry(block_hashes=chain[: 64 - 4 * r],
                                       block_token_counts=[BLOCK] * (64 - 4 * r))])]), timeout=30)
-        del http
         time.sleep(2.0)  # every worker applies the log
         body = tmp / f"lookup-{workers}.bin"
         msg = pb.LookupRouteRequest(tenant_id="t", model_id="m", hash_scheme="s",
