@@ -103,3 +103,32 @@ def test_bad_items_are_counted_and_skipped() -> None:
                for f in m.registry.collect() for s in f.samples
                if s.name == "inferencecache_eventlog_dropped_total"}
     assert dropped == {"undecodable_update": 1.0, "unknown_kind": 1.0, "bad_policy": 1.0}
+
+
+def test_same_prefix_same_answers_exactly_under_one_clock() -> None:
+    """Two replicas that applied the same entries answer every LookupRoute identically,
+    scores included, when asked at the same instant (one injected clock; applying never reads
+    it, the other tests show)."""
+    from inferencecache.index import LookupRequest, Router
+
+    log = entries(3, 300)
+    at = FakeClock(now_us=log[-1].timestamp_us + 1_000_000)
+    a, b = Index(SETTINGS, clock=at), Index(SETTINGS, clock=at)
+    ap_a, ap_b = Applier(a, EventLogMetrics()), Applier(b, EventLogMetrics())
+    for e in log:
+        ap_a.apply(e)
+    for e in log:
+        ap_b.apply(e)
+    ra, rb = Router(a), Router(b)
+    rng = random.Random(9)
+    matched = 0
+    for _ in range(500):
+        start = rng.randrange(60)
+        chain = b"".join(k.to_bytes(8, "big") for k in range(start, start + rng.randrange(1, 30)))
+        req = LookupRequest(tenant_id=f"t{rng.randrange(2)}", model_id="m", hash_scheme="s",
+                            block_hashes=chain, packed_hashes=True,
+                            block_token_counts=[16] * (len(chain) // 8))
+        x, y = ra.lookup(req), rb.lookup(req)
+        assert (x.reason_code, x.replica_scores) == (y.reason_code, y.replica_scores)
+        matched += x.reason_code == "PREFIX_MATCH"
+    assert matched > 50
