@@ -17,6 +17,7 @@ server applies with when there is no log), after the one decoder of each message
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from inferencecache.eventlog import codec
@@ -28,6 +29,8 @@ from inferencecache.updatewire.index_input import decode_update
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.eventlog")
+
+_LOG_EVERY = 10.0
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class Applier:
         self.time = LogTime()
         self.initial_config = initial_config if initial_config is not None else index.config
         self._sweep_us = max(1, round(index.settings.sweep_interval * 1_000_000))
+        self._last_error_log = -_LOG_EVERY
 
     def reset(self, time_: LogTime | None = None) -> None:
         """Back to the state of an empty replica (or the given snapshot state), config included."""
@@ -114,7 +118,11 @@ class Applier:
             except Exception:
                 # a bug below (the index raised): skip the item, like the server's ingest does
                 self.metrics.dropped("apply_error").inc()
-                log.exception("applying a log item failed; item skipped",
-                              extra={"kind": codec.KINDS.get(kind, kind)})
+                now_s = time.monotonic()
+                if now_s - self._last_error_log >= _LOG_EVERY:  # rate-limited
+                    self._last_error_log = now_s
+                    log.exception("applying a log item failed; item skipped",
+                                  extra={"kind": codec.KINDS.get(kind, kind),
+                                         "every_s": _LOG_EVERY})
                 continue
             applied(codec.KINDS[kind]).inc()
