@@ -227,3 +227,33 @@ def metric_of(m: EventLogMetrics, name: str) -> float:
             if s.name == name:
                 return float(s.value)
     return 0.0
+
+
+def test_a_bad_entry_is_dropped_counted_and_the_loop_goes_on(redis_server: RedisServer) -> None:
+    """Entries a foreign or broken writer put in the stream (garbage bytes, another version, no
+    sequence field) are skipped and counted; the entries around them apply."""
+    a, idx = node(redis_server.url)
+    try:
+        a.submit(codec.KIND_UPDATE, update("r0", 0, 4)).result(10)
+        r = redis.Redis.from_url(redis_server.url)
+        for data in (b"\x1c\x01garbage", b"\x1c\x09" + bytes(8) + b"\x00\x00"):
+            n = r.incr("{inferencecache}:seq")
+            r.xadd("{inferencecache}:log", {"n": n, "d": data})
+        r.xadd("{inferencecache}:log", {"x": b"no sequence number"})
+        r.xadd("{inferencecache}:log", {"n": 1, "d": b"an old number again"})
+        r.xadd("{inferencecache}:log", {"n": -3, "d": b"a bad number"})
+        a.submit(codec.KIND_UPDATE, update("r1", 0, 4)).result(10)
+        seq = int(r.get("{inferencecache}:seq") or 0)
+        assert a.follower.wait_for(seq, 10)
+        assert {rep for _, rep in holds(idx)} == {"r0", "r1"}
+        assert metric(a, "inferencecache_eventlog_dropped_total", reason="entry_truncated") == 1
+        assert metric(a, "inferencecache_eventlog_dropped_total", reason="entry_version") == 1
+        assert metric(a, "inferencecache_eventlog_dropped_total",
+                      reason="entry_no_sequence") == 2
+        assert metric(a, "inferencecache_eventlog_dropped_total",
+                      reason="entry_out_of_order") == 1
+        assert metric(a, "inferencecache_eventlog_gaps_total", reason="trimmed") == 0
+        assert metric(a, "inferencecache_eventlog_gaps_total", reason="rewound") == 0
+        assert idx.verify() == []
+    finally:
+        a.stop()

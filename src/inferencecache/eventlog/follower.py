@@ -96,6 +96,7 @@ class Follower:
         self._started = threading.Event()
         self._cond = threading.Condition()
         self.position = Position()
+        self._anchor = b""  # stream id of the last numbered entry read (position may be past it)
         self.head = 0  # the log's newest sequence number, as of the last read
         self.applied_wall_s = 0.0  # wall time (stream id) of the last applied entry
         self._last_snapshot = time.monotonic()
@@ -233,8 +234,17 @@ class Follower:
                 break
             try:
                 seq = int(fields[b"n"])
-            except (KeyError, ValueError):
-                seq = -1
+                if seq <= 0:
+                    raise ValueError(seq)
+            except (KeyError, ValueError, TypeError):
+                # not written by an appender of this format: skip it without using a number
+                self.metrics.dropped("entry_no_sequence").inc()
+                if self._every("no-sequence"):
+                    log.warning("log entry without a sequence number skipped",
+                                extra={"id": stream_id.decode(errors="replace")})
+                with self._cond:
+                    self.position = Position.of(self.position.seq, stream_id)
+                continue
             expected = self.position.seq + 1
             if seq != expected:
                 if seq > expected:
@@ -244,11 +254,20 @@ class Follower:
                     else:
                         self._gap("trimmed", f"next entry is {seq}, expected {expected}")
                     self._policy_before(seq)
-                elif seq >= 0:
+                elif self.position.seq > 0 and self._position_intact():
+                    # our own last entry is still there with its number: the log did not go
+                    # back, so this number was written by someone else; skip the entry
+                    self.metrics.dropped("entry_out_of_order").inc()
+                    if self._every("out-of-order"):
+                        log.warning("log entry numbered out of order skipped",
+                                    extra={"id": stream_id.decode(errors="replace"),
+                                           "sequence": seq, "expected": expected})
+                    with self._cond:
+                        self.position = Position.of(self.position.seq, stream_id)
+                    continue
+                else:
                     self._gap("rewound", f"next entry is {seq}, expected {expected}", seq - 1)
                     return
-                else:
-                    seq = expected  # no sequence field: a foreign entry; count and skip it
             data = fields.get(b"d")
             try:
                 entry = codec.decode(data if isinstance(data, bytes) else b"")
@@ -263,6 +282,7 @@ class Follower:
                     self.applier.apply(entry)
                     self.metrics.applied_entries.inc()
                 self.position = Position.of(seq, stream_id)
+                self._anchor = stream_id
                 self._cond.notify_all()
             self.applied_wall_s = self.position.id_ms / 1000.0
         self.metrics.position.set(self.position.seq)
@@ -291,8 +311,20 @@ class Follower:
                 self.index.replace_state(None)
             self.applier.reset()
             self.position = Position()
+            self._anchor = b""
             self._cond.notify_all()
         self.metrics.recoveries("replay").inc()
+
+    def _position_intact(self) -> bool:
+        """Whether the entry this replica applied last is still in the log with its number."""
+        sid = self._anchor or self.position.stream_id
+        rows: Any = self._client.xrange(self.log.keys.log, sid, sid, count=1)
+        if not rows:
+            return False
+        try:
+            return int(rows[0][1].get(b"n", b"0")) == self.position.seq
+        except (ValueError, TypeError):
+            return False
 
     def _policy_before(self, seq: int) -> None:
         """Before replaying from entry ``seq`` (older ones trimmed): the newest policy body,
