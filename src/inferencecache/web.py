@@ -11,10 +11,12 @@ and simulated engines, so a body limit or a bind behaves the same in each.
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from aiohttp import web
 
 from inferencecache.config import HostPort
+from inferencecache.supervise import Drops
 
 
 class ListenError(Exception):
@@ -66,6 +68,28 @@ async def read_limited(request: web.Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def guard_middleware(drops: Drops, loop: str = "http") -> Any:
+    """aiohttp middleware: a request whose handler raises unexpectedly is answered 500 and
+    counted in ``drops`` under ``loop`` (logged rate-limited), instead of aiohttp's traceback
+    per request. HTTP errors raised on purpose (``web.HTTPException``) pass through."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except web.HTTPException:
+            raise
+        except Exception as e:
+            reason = drops.drop(loop, e, path=request.path[:200], method=request.method)
+            return web.Response(
+                status=500, text=f"internal error ({reason}); request dropped\n",
+                content_type="text/plain",
+            )
+
+    return guard
 
 
 class Listener:

@@ -171,10 +171,12 @@ def test_script_from_stdin_with_replay() -> None:
             assert len(decode_batch(payload3).events) == 3  # one BlockRemoved per block
             assert _replay(ready["replay_endpoint"], seq + 1, ctx) == [seq + 1, seq + 2]
             engine.send("not json")
+            engine.send("[1, 2]")  # ops that are not objects
+            engine.send("[" * 100_000)  # nested deeper than the JSON parser goes
             engine.send(json.dumps({"op": "exit"}))
             assert engine.wait(10) == 0
         assert engine.count("script step") == first + 3
-        assert engine.count("bad script line") == 1
+        assert engine.count("bad script line") == 3
 
 
 def _decoded_events(endpoint: str) -> list[DecodedBatch]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from inferencecache.eventlog import codec
 from inferencecache.eventlog.applier import Applier, LogTime
 from inferencecache.eventlog.metrics import EventLogMetrics
@@ -132,3 +134,30 @@ def test_same_prefix_same_answers_exactly_under_one_clock() -> None:
         assert (x.reason_code, x.replica_scores) == (y.reason_code, y.replica_scores)
         matched += x.reason_code == "PREFIX_MATCH"
     assert matched > 50
+
+
+def test_an_item_whose_apply_raises_is_dropped_and_the_rest_applies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug below the applier (the index raising) drops that item only: counted in
+    ``dropped_inputs_total{loop="apply"}``, the next item applies."""
+    idx, ap = replica(0)
+    real = idx.apply_update
+    calls = []
+
+    def flaky(update: object, **kw: object) -> None:
+        calls.append(update)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        real(update, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(idx, "apply_update", flaky)
+    good = pb.CacheStateUpdate(replica_id="r", model_id="m", tenant_id="t", hash_scheme="s",
+                               prefixes=[pb.PrefixEntry(prefix_hash=b"12345678", token_count=16)])
+    raw = good.SerializeToString()
+    ap.apply(codec.Entry(1, "a", [(codec.KIND_UPDATE, raw), (codec.KIND_UPDATE, raw)]))
+    assert idx.counts()["holds"] == 1
+    dropped = {(s.labels["loop"], s.labels["reason"]): s.value
+               for f in ap.metrics.registry.collect() for s in f.samples
+               if s.name == "inferencecache_eventlog_dropped_inputs_total"}
+    assert dropped == {("apply", "internal"): 1.0}

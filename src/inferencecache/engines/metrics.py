@@ -7,6 +7,8 @@ subscriber scrapes a fake engine exactly like a real one.
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -20,6 +22,7 @@ from inferencecache.subscriber.engine_stats import (
     RUNNING,
     WAITING,
 )
+from inferencecache.supervise import Drops, drop_counter
 from inferencecache.web import Listener
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -64,6 +67,10 @@ class EngineMetrics:
         )
         self.external_queries = counter(
             EXT_QUERIES, "External prefix-cache queried tokens."
+        )
+        # HTTP requests whose handling raised unexpectedly (ours, not vLLM's): {loop, reason}
+        self.drops = Drops(
+            drop_counter("inferencecache_engine_", r), logging.getLogger("inferencecache.engines")
         )
 
 

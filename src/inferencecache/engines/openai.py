@@ -48,7 +48,7 @@ from inferencecache.tokenize.openai import (
     chat_prompt_ids,
     completion_prompt_ids,
 )
-from inferencecache.web import Listener
+from inferencecache.web import Listener, guard_middleware
 
 log = logging.getLogger("inferencecache.engines")
 
@@ -116,7 +116,7 @@ class SimulatedEngine:
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
             data = await request.json(loads=json.loads)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise _Error(400, f"request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise _Error(400, "request body must be a JSON object")
@@ -335,7 +335,7 @@ async def serve(
         adapters=parse_adapter_names(s.lora_adapters),
         tokenizers=toks,
     )
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[guard_middleware(metrics.drops)])
     MetricsPage(metrics).routes(app)
     engine.routes(app)
     listener = Listener(app)

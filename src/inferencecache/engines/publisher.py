@@ -40,6 +40,7 @@ from inferencecache.kvevents.framing import (
     replay_data,
     replay_end,
 )
+from inferencecache.supervise import RateLimitedLog, describe
 
 if TYPE_CHECKING:
     from inferencecache.engines.cache import Inserted
@@ -99,6 +100,7 @@ class EventPublisher:
         self._step: list[WireEvent] = []
         self.batches_published = 0
         self.events_published = 0
+        self.replay_errors = 0  # replay requests dropped because answering them raised
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -268,25 +270,39 @@ class EventPublisher:
     # ---- replay -----------------------------------------------------------------------------
 
     async def _serve_replay(self) -> None:
+        """Answer replay requests until cancelled; one that makes anything raise is dropped,
+        counted (``replay_errors``) and logged rate-limited."""
         router = self._router
         assert router is not None
-        with_topic = self.format.replay_topic_frame
+        limited = RateLimitedLog(log)
         while True:
             frames = await router.recv_multipart()
-            request = parse_replay_request(frames)
-            if request is None:
-                log.warning("ignoring malformed replay request", extra={"frames": len(frames)})
-                continue
-            identity, start = request
-            sent = 0
-            for seq, payload in list(self.buffer):
-                if seq >= start:
-                    await router.send_multipart(
-                        replay_data(identity, self.topic, seq, payload, with_topic)
-                    )
-                    sent += 1
-            await router.send_multipart(replay_end(identity, with_topic))
-            log.info("served replay", extra={"start_seq": start, "batches": sent})
+            try:
+                await self._answer_replay(router, frames, limited)
+            except Exception as e:
+                self.replay_errors += 1
+                limited(logging.WARNING, "replay-error", "replay request dropped",
+                        err=describe(e))
+
+    async def _answer_replay(
+        self, router: zmq.asyncio.Socket, frames: list[bytes], limited: RateLimitedLog
+    ) -> None:
+        with_topic = self.format.replay_topic_frame
+        request = parse_replay_request(frames)
+        if request is None:
+            limited(logging.WARNING, "replay-malformed", "ignoring malformed replay request",
+                    frames=len(frames))
+            return
+        identity, start = request
+        sent = 0
+        for seq, payload in list(self.buffer):
+            if seq >= start:
+                await router.send_multipart(
+                    replay_data(identity, self.topic, seq, payload, with_topic)
+                )
+                sent += 1
+        await router.send_multipart(replay_end(identity, with_topic))
+        log.info("served replay", extra={"start_seq": start, "batches": sent})
 
 
 def _reason(e: zmq.ZMQError) -> str:

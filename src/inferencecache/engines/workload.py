@@ -24,6 +24,7 @@ from typing import Any
 from inferencecache.engines.engine import FakeEngine
 from inferencecache.fingerprint import prefix_hashes
 from inferencecache.kvevents.encode import WireStored
+from inferencecache.supervise import describe
 
 log = logging.getLogger("inferencecache.engines")
 
@@ -200,6 +201,10 @@ def engine_batches(engine: FakeEngine) -> int:
     return engine.publisher.batches_published
 
 
+MAX_SCRIPT_LINE = 16 * 1024 * 1024
+"""Longest stdin script line read whole (longer ones are skipped with a warning)."""
+
+
 class ScriptError(ValueError):
     pass
 
@@ -266,16 +271,20 @@ async def run_script(engine: FakeEngine, source: str) -> bool:
         log.info("script done")
         return False
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=MAX_SCRIPT_LINE)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while True:
-        data = await reader.readline()
+        try:
+            data = await reader.readline()
+        except ValueError as e:  # a line over MAX_SCRIPT_LINE: dropped by the reader
+            log.warning("bad script line; skipped", extra={"err": describe(e)})
+            continue
         if not data:
             break
         try:
             keep_going = await run_script_line(engine, data.decode())
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("bad script line; skipped", extra={"err": str(e)})
+        except Exception as e:  # any line, however malformed: skip it, read the next
+            log.warning("bad script line; skipped", extra={"err": describe(e)})
             continue
         if not keep_going:
             return True

@@ -123,6 +123,11 @@ class Follower:
         self._client.close()
 
     @property
+    def alive(self) -> bool:
+        """The follower thread runs (False before ``start`` and after it ended)."""
+        return self._thread.is_alive()
+
+    @property
     def ready(self) -> bool:
         """Caught up to within ``max_lag`` of the log head (stays set while Redis is down:
         the replica answers from memory, which is the point)."""
@@ -203,10 +208,8 @@ class Follower:
                         log.warning("event log read failed; answering from memory, retrying",
                                     extra={"err": f"{type(e).__name__}: {e}",
                                            "log": self.log.describe(), "every_s": _LOG_EVERY})
-                else:  # a bug: never let it stop the loop
-                    self.metrics.dropped("follower_error").inc()
-                    if self._every("bug"):
-                        log.exception("event log follower failed; retrying")
+                else:  # a bug: never let it stop the loop (dropped_inputs_total{loop="follow"})
+                    self.metrics.drops.drop("follow", e, sequence=self.position.seq)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inferencecache.metrics import LazyChildren
+from inferencecache.supervise import Drops, drop_counter
 
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -41,6 +44,9 @@ class EventLogMetrics:
             p + "dropped",
             "Entries or items this replica could not read or apply, skipped, by reason.",
             ["reason"], registry=r))
+        # what the code did not expect (an exception applying an item, in the follower loop):
+        # inferencecache_eventlog_dropped_inputs_total{loop, reason}, logged rate-limited
+        self.drops = Drops(drop_counter(p, r), logging.getLogger("inferencecache.eventlog"))
         self.lag_entries = Gauge(p + "replica_lag_entries",
                                  "Entries in the log not applied yet by this replica.",
                                  registry=r)

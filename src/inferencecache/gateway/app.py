@@ -41,7 +41,7 @@ from inferencecache.tokenize.openai import (
     chat_prompt_ids,
     completion_prompt_ids,
 )
-from inferencecache.web import Listener, read_limited
+from inferencecache.web import Listener, guard_middleware, read_limited
 
 log = logging.getLogger("inferencecache.gateway")
 
@@ -207,7 +207,10 @@ class Gateway:
             await asyncio.gather(self._hints.start(connect_wait=1.0), self._pool.start())
         else:
             await self._pool.start()
-        app = web.Application(client_max_size=s.max_body_bytes + 1)
+        app = web.Application(
+            client_max_size=s.max_body_bytes + 1,
+            middlewares=[guard_middleware(self.metrics.drops)],
+        )
         for path in ENDPOINTS:
             app.router.add_route("*", path, self._proxy)
         app.router.add_route("*", "/v1/models", self._models)
@@ -261,8 +264,11 @@ class Gateway:
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         if (err := self._method(request, "GET")) is not None:
             return err.response({"Allow": "GET"})
+        problem = self.metrics.loops.health()
         return web.json_response(
-            {"status": "ok", "policy": self.policy.name, "engines": self._engine_states()}
+            {"status": problem or "ok", "policy": self.policy.name,
+             "engines": self._engine_states()},
+            status=200 if problem is None else 503,
         )
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
@@ -297,8 +303,8 @@ class Gateway:
             self.metrics.bad_requests(e.code).inc()
             self.metrics.requests(endpoint, "none", NO_REASON, str(e.status)).inc()
             return e.response()
-        except Exception:  # a bug: answer this request, keep serving the others
-            log.exception("request failed inside the gateway")
+        except Exception as e:  # a bug: answer this request, keep serving the others
+            self.metrics.drops.drop("proxy", e, endpoint=endpoint)
             self.metrics.bad_requests("internal_error").inc()
             self.metrics.requests(endpoint, "none", NO_REASON, "500").inc()
             return ApiError(500, "internal gateway error", "internal_error").response()
@@ -308,7 +314,7 @@ class Gateway:
         body = await _read_limited(request, s.max_body_bytes)
         try:
             data = _JSON.decode(body)
-        except (msgspec.DecodeError, ValueError, UnicodeDecodeError) as e:
+        except (msgspec.DecodeError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise ApiError(400, f"request body is not valid JSON: {e}", "invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "request body must be a JSON object", "invalid_request")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -88,9 +89,9 @@ class EnginePool:
 
     async def start(self) -> None:
         """Probe every engine once (bounded by the probe timeout), then keep watching."""
-        await asyncio.gather(*(self._probe(e) for e in self.engines.values()))
+        await asyncio.gather(*(self._probe_guarded(e) for e in self.engines.values()))
         self._tasks = [
-            asyncio.create_task(self._watch(e), name=f"health-{e.replica_id}")
+            self._metrics.loops.spawn(f"health-{e.replica_id}", functools.partial(self._watch, e))
             for e in self.engines.values()
         ]
 
@@ -191,12 +192,15 @@ class EnginePool:
             gap = MIN_PROBE_GAP - (time.monotonic() - e.last_probe)
             if gap > 0:
                 await asyncio.sleep(gap)
-            try:
-                await self._probe(e)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the watcher die
-                log.exception("health probe failed unexpectedly", extra={"replica": e.replica_id})
+            await self._probe_guarded(e)
+
+    async def _probe_guarded(self, e: Engine) -> None:
+        """One probe; whatever the engine's answers make raise is counted and logged
+        (``dropped_inputs{loop="health"}``, rate-limited), and the watcher goes on."""
+        try:
+            await self._probe(e)
+        except Exception as err:
+            self._metrics.drops.drop("health", err, replica=e.replica_id)
 
     async def _probe(self, e: Engine) -> None:
         e.last_probe = time.monotonic()
@@ -233,7 +237,7 @@ class EnginePool:
                 if resp.status != 200:
                     return None
                 payload = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, RecursionError):
             return None
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):

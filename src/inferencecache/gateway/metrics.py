@@ -7,11 +7,15 @@ status code. Children are bound lazily and cached (``labels()`` costs microsecon
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inferencecache.metrics import LazyChildren
+from inferencecache.supervise import Drops, LoopSupervisor, drop_counter
+
+PREFIX: Final = "inferencecache_gateway_"
 
 HINT_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -104,6 +108,11 @@ class GatewayMetrics:
                 registry=r,
             )
         )
+        # requests and probe answers whose handling raised unexpectedly: {loop, reason}
+        log = logging.getLogger("inferencecache.gateway")
+        self.drops = Drops(drop_counter(PREFIX, r), log)
+        # the engine health watchers, restarted if one dies: loop_restarts, loop_up
+        self.loops = LoopSupervisor(PREFIX, r, log)
         self.in_flight = LazyChildren(
             Gauge(
                 "inferencecache_gateway_in_flight",

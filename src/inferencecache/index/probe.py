@@ -52,7 +52,7 @@ def decode_probe_body(body: bytes) -> ProbeRequest:
         raise ProbeRequestError(f"body exceeds {MAX_PROBE_BODY} bytes")
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProbeRequestError(f"invalid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise ProbeRequestError("body must be a JSON object")

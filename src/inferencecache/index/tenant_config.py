@@ -474,7 +474,7 @@ def decode_policy_body(body: bytes) -> IndexConfig:
         raise PolicyDecodeError("", f"body exceeds {MAX_POLICY_BODY} bytes")
     try:
         doc = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise PolicyDecodeError("", f"invalid JSON: {e}") from None
     top = _go_fields(doc, "", _BODY_TOP)
     err = PolicyDecodeError

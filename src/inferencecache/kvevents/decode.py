@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final
 
 import msgspec
+from msgspec.structs import astuple
 
 from inferencecache.kvevents.events import (
     GPU,
@@ -280,6 +281,8 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
         obj = _UNTYPED.decode(payload)
     except msgspec.DecodeError as e:
         raise BatchRejected("msgpack", str(e)) from None
+    except RecursionError:  # msgspec recurses per nesting level; no engine nests this deep
+        raise BatchRejected("msgpack", "nested too deeply") from None
     if type(obj) is list:
         if len(obj) < 2:
             raise BatchRejected("envelope", f"envelope array of {len(obj)} slots (need 2)")
@@ -312,11 +315,21 @@ def decode_untyped(payload: bytes) -> DecodedBatch:
 # are converted in C by ``packed`` (``TokenIds``, an ``array('I')``: no Python int per token).
 # Anything they reject goes to the reference decoder, which is authoritative for rejections and
 # for the rarer shapes.
+#
+# The reference decodes every byte of the payload, so it rejects invalid UTF-8, a malformed
+# timestamp ext or too deep a nesting anywhere, also inside fields nobody reads. msgspec's typed
+# decoding skips unknown fields and keeps ``Raw`` ones without looking inside. To agree on every
+# input, the typed structs forbid unknown fields (an unknown one hands the batch to the
+# reference) and declare the fields engines send but we do not read as ``Raw``, which
+# :func:`_check_skipped` decodes untyped before the batch is accepted.
 
 _I64 = Annotated[int, msgspec.Meta(le=I64_MAX)]
+_NO_RAW: Final = msgspec.Raw()  # an absent field (immutable: one shared default)
 
 
-class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
+class _StoredMap(
+    msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw  # list[int] | None, converted by packed.hash_keys
     token_ids: msgspec.Raw  # list[u32] | None, converted by packed.token_array
     block_size: int
@@ -326,19 +339,36 @@ class _StoredMap(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
     lora_name: str | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    # sent by vLLM or SGLang (engine-events-and-subscriber.md §2.4, §2.5), not read here:
+    # checked by _check_skipped
+    extra_keys: msgspec.Raw = _NO_RAW
+    kv_cache_spec_sliding_window: msgspec.Raw = _NO_RAW
+    locality: msgspec.Raw = _NO_RAW
+    ownership: msgspec.Raw = _NO_RAW
+    session_id: msgspec.Raw = _NO_RAW
+    lookahead_token_ids: msgspec.Raw = _NO_RAW
+    cache_salt: msgspec.Raw = _NO_RAW
 
 
-class _RemovedMap(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
+class _RemovedMap(
+    msgspec.Struct, tag_field="type", tag=REMOVED, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
+    locality: msgspec.Raw = _NO_RAW  # checked, not read
+    ownership: msgspec.Raw = _NO_RAW  # checked, not read
 
 
-class _ClearedMap(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
+class _ClearedMap(
+    msgspec.Struct, tag_field="type", tag=CLEARED, forbid_unknown_fields=True, gc=False
+):
     pass
 
 
-class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
+class _StoredArray(
+    msgspec.Struct, tag=STORED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     parent_block_hash: int | None
     token_ids: msgspec.Raw
@@ -346,33 +376,122 @@ class _StoredArray(msgspec.Struct, tag=STORED, array_like=True, gc=False):
     lora_id: _I64 | None = None
     medium: str | None = None
     lora_name: str | None = None
-    extra_keys: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    extra_keys: msgspec.Raw = _NO_RAW  # checked, not read
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: msgspec.Raw = _NO_RAW  # checked
 
 
-class _RemovedArray(msgspec.Struct, tag=REMOVED, array_like=True, gc=False):
+class _RemovedArray(
+    msgspec.Struct, tag=REMOVED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     block_hashes: msgspec.Raw
     medium: str | None = None
     group_idx: int | None = None
 
 
-class _ClearedArray(msgspec.Struct, tag=CLEARED, array_like=True, gc=False):
+class _ClearedArray(
+    msgspec.Struct, tag=CLEARED, array_like=True, forbid_unknown_fields=True, gc=False
+):
     pass
 
 
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+class _MapBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredMap | _RemovedMap | _ClearedMap]
+    data_parallel_rank: msgspec.Raw = _NO_RAW  # checked, not read
 
 
-class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+class _ArrayBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
     ts: float
     events: list[_StoredArray | _RemovedArray | _ClearedArray]
+    data_parallel_rank: msgspec.Raw = _NO_RAW  # checked, not read
 
 
 class _Untyped(Exception):
-    """A token or hash array is not the plain shape: the reference decoder decides."""
+    """A token or hash array is not the plain shape, or a skipped field is not valid msgpack
+    for the reference: the reference decoder decides."""
+
+
+# The fields of each typed struct that are kept raw and never read. In map events they are the
+# last fields, so one ``astuple`` slice gets them all.
+_SKIPPED_MAP: Final = (
+    "extra_keys", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+    "lookahead_token_ids", "cache_salt",
+)
+_TAIL: Final[dict[type, int]] = {
+    _StoredMap: len(_StoredMap.__struct_fields__) - len(_SKIPPED_MAP),
+    _RemovedMap: len(_RemovedMap.__struct_fields__) - 2,
+}
+assert _StoredMap.__struct_fields__[_TAIL[_StoredMap]:] == _SKIPPED_MAP
+assert _RemovedMap.__struct_fields__[_TAIL[_RemovedMap]:] == ("locality", "ownership")
+
+# Raw fields of map events. msgspec keeps the last of repeated keys and never looks inside the
+# earlier values, while the reference decodes them all. A repeated field is therefore always
+# present in the typed event, and a payload whose bytes name a present raw field more often
+# than the typed events hold it goes to the reference (a mention inside other data only costs
+# the fast path). "token_ids" is also counted inside "lookahead_token_ids".
+_TAIL_KEYS: Final[dict[type, tuple[bytes, ...]]] = {
+    _StoredMap: tuple(n.encode() for n in _SKIPPED_MAP),
+    _RemovedMap: (b"locality", b"ownership"),
+}
+_LOOKAHEAD: Final = b"lookahead_token_ids"
+
+
+_MAX_CHECKED: Final = 512
+"""Longest skipped field checked here; a longer one goes to the reference. A value can nest no
+deeper than its length, so one checked here is never near the decoder's recursion limit, where
+two decoders called from different stack depths could disagree."""
+
+
+def _check_raw(raw: msgspec.Raw) -> None:
+    """Decode a field we do not read the way the reference does (``_Untyped`` if that fails).
+    A value of at most one byte is always valid: msgspec keeps only whole values as ``Raw``,
+    and every one-byte msgpack value decodes."""
+    if len(raw) > 1:
+        if len(raw) > _MAX_CHECKED:
+            raise _Untyped
+        try:
+            _UNTYPED.decode(raw)
+        except Exception:  # invalid UTF-8, ext, nesting: the reference decides
+            raise _Untyped from None
+
+
+def _collect(tail: tuple[Any, ...], keys: tuple[bytes, ...], held: dict[bytes, int],
+             raws: list[msgspec.Raw]) -> None:
+    """Add the present skipped fields of one map event to ``raws`` (checked together by
+    :func:`_check_raws`) and count them by key in ``held`` (for :func:`_check_repeats`)."""
+    for raw, key in zip(tail, keys, strict=True):
+        if raw is not _NO_RAW:
+            if len(raw) > _MAX_CHECKED:
+                raise _Untyped
+            raws.append(raw)
+            held[key] = held.get(key, 0) + 1
+
+
+def _check_raws(raws: list[msgspec.Raw]) -> None:
+    """:func:`_check_raw` for many values at once: one untyped decode of them as one array."""
+    try:  # each is at most _MAX_CHECKED long (see _collect)
+        _UNTYPED.decode(b"\xdd" + len(raws).to_bytes(4, "big") + b"".join(raws))
+    except Exception:
+        raise _Untyped from None
+
+
+def _check_repeats(payload: bytes, stored: int, removed: int, held: dict[bytes, int]) -> None:
+    count = payload.count
+    if count(b"block_hashes") != stored + removed:
+        raise _Untyped
+    if count(b"token_ids") != stored + held.get(_LOOKAHEAD, 0):
+        raise _Untyped
+    for key, n in held.items():
+        if count(key) != n:
+            raise _Untyped
+
+
+_STORED_TAIL: Final = _TAIL[_StoredMap]
+_STORED_KEYS: Final = _TAIL_KEYS[_StoredMap]
+_REMOVED_TAIL: Final = _TAIL[_RemovedMap]
+_REMOVED_KEYS: Final = _TAIL_KEYS[_RemovedMap]
 
 
 def _hashes(raw: msgspec.Raw) -> list[bytes]:
@@ -382,7 +501,13 @@ def _hashes(raw: msgspec.Raw) -> list[bytes]:
     return keys
 
 
-def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
+def _from_typed(batch: _MapBatch | _ArrayBatch, payload: bytes) -> DecodedBatch:
+    if batch.data_parallel_rank is not _NO_RAW:
+        _check_raw(batch.data_parallel_rank)
+    maps = isinstance(batch, _MapBatch)
+    held: dict[bytes, int] = {}  # map events: skipped raw fields present, for _check_repeats
+    raws: list[msgspec.Raw] = []  # map events: the skipped raw fields present, for _check_raws
+    stored = removed = 0
     out: list[Event] = []
     for ev in batch.events:
         if isinstance(ev, _StoredMap | _StoredArray):
@@ -392,6 +517,14 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
             tokens = token_array(ev.token_ids)
             if tokens is None:
                 raise _Untyped
+            if maps:
+                stored += 1
+                tail = astuple(ev)[_STORED_TAIL:]
+                if tail.count(_NO_RAW) != len(tail):
+                    _collect(tail, _STORED_KEYS, held, raws)
+            else:
+                _check_raw(ev.extra_keys)  # type: ignore[union-attr]
+                _check_raw(ev.kv_cache_spec_sliding_window)  # type: ignore[union-attr]
             _check_block_size(ev.block_size, bool(tokens), ev.medium)
             parent = ev.parent_block_hash
             out.append(
@@ -408,9 +541,19 @@ def _from_typed(batch: _MapBatch | _ArrayBatch) -> DecodedBatch:
                 )
             )
         elif isinstance(ev, _RemovedMap | _RemovedArray):
-            out.append(BlockRemoved(_hashes(ev.block_hashes), ev.medium, ev.group_idx))
+            hashes = _hashes(ev.block_hashes)
+            if maps:
+                removed += 1
+                tail = astuple(ev)[_REMOVED_TAIL:]
+                if tail.count(_NO_RAW) != len(tail):
+                    _collect(tail, _REMOVED_KEYS, held, raws)
+            out.append(BlockRemoved(hashes, ev.medium, ev.group_idx))
         else:
             out.append(AllBlocksCleared())
+    if maps:
+        if raws:
+            _check_raws(raws)
+        _check_repeats(payload, stored, removed, held)
     return DecodedBatch(batch.ts, out)
 
 
@@ -435,13 +578,13 @@ class BatchDecoder:
                 typed = dec.decode(payload)
             except msgspec.ValidationError:
                 continue
-            except msgspec.DecodeError:
-                break  # not msgpack at all: let the reference report it
+            except (msgspec.DecodeError, RecursionError):
+                break  # not msgpack at all, or nested too deeply: let the reference report it
             if i:
                 decoders.insert(0, decoders.pop(i))
             try:
-                return _from_typed(typed)
-            except _Untyped:
+                return _from_typed(typed, payload)
+            except (_Untyped, BatchRejected):  # the reference decides every rejection
                 break
         return decode_untyped(payload)
 

@@ -117,6 +117,7 @@ class Server:
             auth=self.auth,
             backend=self.backend,
             ready=self._is_ready,
+            health=self.health_problem,
         )
         public, admin = build_apps(cfg, separate_admin=admin_sock is not None)
         sites = [(public, http_sock)]
@@ -204,6 +205,18 @@ class Server:
     @property
     def ready(self) -> bool:
         return self._is_ready()
+
+    def health_problem(self) -> str | None:
+        """``None`` while serving normally, else why ``/healthz`` answers 503: the sweeper
+        thread ended (it catches every exception of a sweep, so only a fatal error ends it)."""
+        sweeper = self._sweeper
+        if sweeper is not None and not sweeper.is_alive() and not self._stopped.is_set():
+            return "degraded: the TTL sweeper thread ended"
+        node = self.log_node
+        if node is not None and self._ready.is_set() and not node.follower.alive \
+                and not self._stopped.is_set():
+            return "degraded: the event-log follower thread ended"
+        return None
 
     def stop(self, grace: float = 10.0) -> None:
         """Graceful: health NOT_SERVING, stop accepting, let in-flight RPCs finish (≤ grace)."""

@@ -23,7 +23,8 @@ from inferencecache.eventlog import LogUnavailable
 from inferencecache.metrics import LazyChildren, metrics_response
 from inferencecache.server.auth import OK, BearerAuth
 from inferencecache.server.metrics import ServerMetrics
-from inferencecache.web import read_limited
+from inferencecache.supervise import Drops
+from inferencecache.web import guard_middleware, read_limited
 
 log = logging.getLogger("inferencecache.server.http")
 
@@ -54,6 +55,7 @@ class HttpConfig:
     auth: BearerAuth
     backend: AdminBackend
     ready: Callable[[], bool]
+    health: Callable[[], str | None] = lambda: None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,7 +67,8 @@ def _text(status: int, text: str, headers: dict[str, str] | None = None) -> web.
 
 def _public_routes(app: web.Application, cfg: HttpConfig) -> None:
     async def healthz(request: web.Request) -> web.Response:
-        return _text(200, "ok\n")
+        problem = cfg.health()
+        return _text(200, "ok\n") if problem is None else _text(503, problem + "\n")
 
     async def readyz(request: web.Request) -> web.Response:
         return _text(200, "ok\n") if cfg.ready() else _text(503, "not ready\n")
@@ -149,12 +152,13 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
 def build_apps(cfg: HttpConfig, separate_admin: bool) -> tuple[web.Application, web.Application]:
     """(public app, admin app); they are the same app unless the admin paths have a listener."""
     # client_max_size only bounds request.read(); the admin handlers stream with their own caps.
-    public = web.Application(client_max_size=MAX_POLICY_BODY + 1)
+    guard = guard_middleware(Drops(cfg.metrics.dropped_inputs, log))
+    public = web.Application(client_max_size=MAX_POLICY_BODY + 1, middlewares=[guard])
     _public_routes(public, cfg)
     if not separate_admin:
         _admin_routes(public, cfg)
         return public, public
-    admin = web.Application(client_max_size=MAX_POLICY_BODY + 1)
+    admin = web.Application(client_max_size=MAX_POLICY_BODY + 1, middlewares=[guard])
     _admin_routes(admin, cfg)
     return public, admin
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inferencecache.metrics import FallbackCollector, LazyChildren, publish_info
+from inferencecache.supervise import drop_counter
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
@@ -113,6 +114,8 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        # requests whose handling raised unexpectedly, by gRPC method (or "http") and reason
+        self.dropped_inputs = drop_counter("inferencecache_server_", r)
         self.sweeps = Counter(
             "inferencecache_server_sweeps", "TTL sweeps run (and failed).", ["result"], registry=r
         )

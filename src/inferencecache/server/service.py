@@ -11,6 +11,12 @@ Undecodable requests:
 - LookupRoute / LookupPDRoute (gateways, on the request path): fail open, status OK, ``NO_HINT``.
 - every other RPC: ``INVALID_ARGUMENT`` (a producer bug the producer should see); on a
   ReportCacheState stream the updates before the bad message stay applied.
+
+Anything else a request makes a handler raise (a bug: never an input the contract allows) drops
+that request only: counted in ``inferencecache_server_dropped_inputs{loop=<method>, reason}``,
+logged at most every 10 s per method and reason, answered ``NO_HINT`` (LookupRoute) or
+``INTERNAL``; an update or event of a stream that fails to apply is skipped and the stream goes
+on.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from inferencecache.server import lookup_wire
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.sink import DirectSink, IngestSink, LogUnavailable, safe_deserializer
+from inferencecache.supervise import Drops
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.server")
@@ -105,6 +112,7 @@ class InferenceCacheService:
         self._last_bad_log: dict[str, float] = {}
         self._lookup_errors = metrics.lookup_errors
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
+        self._drops = Drops(metrics.dropped_inputs, log)
 
     # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
 
@@ -144,12 +152,9 @@ class InferenceCacheService:
                 request.deadline = self._backend.monotonic() + remaining
             result = self._backend.lookup(request)
             resp = encode_response(result)
-        except Exception:
+        except Exception as e:
             self._lookup_errors.inc()
-            if self._log_due("lookup-error"):
-                log.exception(
-                    "lookup failed; answering NO_HINT", extra={"model": request.model_id}
-                )
+            self._drops.drop("LookupRoute", e, model=request.model_id)
             return self._fail_open(request.model_id, start)
         self._metrics.observe_lookup(
             request.model_id,
@@ -264,13 +269,13 @@ class InferenceCacheService:
             fut = self._sink.accept(kind, msg)  # already translated by the deserializer
         except LogUnavailable:
             raise
-        except Exception:
+        except Exception as e:
             self._ingest_errors(kind).inc()
-            if self._log_due(f"ingest-error-{kind}"):
-                log.exception(
-                    "ingest failed; message skipped",
-                    extra={"kind": kind, "replica_id": getattr(msg, "replica_id", "")},
-                )
+            self._drops.drop(
+                "ReportCacheState" if kind == "update" else "PublishEvent",
+                e,
+                replica_id=getattr(msg, "replica_id", ""),
+            )
             return None
         if fut is None:
             self._ingested(kind).inc()
@@ -301,6 +306,24 @@ class InferenceCacheService:
         except Exception as e:  # grpcio's abort raises a bare Exception
             raise _Rejected from e
 
+    def _guard(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with a last line of defence: an unexpected exception drops this request only
+        (counted, logged rate-limited); LookupRoute still fails open, the others answer
+        ``INTERNAL``. A cancelled stream (``RpcError``) and our own aborts pass through."""
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return fn(request, context)
+            except (_Rejected, grpc.RpcError):
+                raise
+            except Exception as e:
+                reason = self._drops.drop(method, e, peer=_peer(context))
+                if method == "LookupRoute":
+                    return self._fail_open(getattr(request, "model_id", ""), time.perf_counter())
+                context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
+
+        return call
+
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Method name -> handler, for ``method_handlers_generic_handler`` and the registry."""
         unary = grpc.unary_unary_rpc_method_handler
@@ -322,7 +345,7 @@ class InferenceCacheService:
             "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),
         }
         return {
-            name: make(fn, request_deserializer=parse,
+            name: make(self._guard(name, fn), request_deserializer=parse,
                        response_serializer=None if name == "LookupRoute" else _serialize)
             for name, (make, fn, parse) in table.items()
         }

@@ -7,6 +7,8 @@ forwarder's sender (gRPC), plus the connectivity watcher, the stats reporter, th
 adapters forgotten) and the HTTP listener. The gRPC channel connects lazily, so start-up never
 waits for the server. The refresher and the poller read and change the mapper only between the
 processor's batches (one event loop, no awaits inside the mapper), so nothing needs a lock.
+Each task runs under a ``supervise.LoopSupervisor``: one that dies of an exception is restarted
+after a short backoff, counted (``loop_restarts``) and reported by ``/healthz`` meanwhile.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import zmq
@@ -31,13 +33,14 @@ from inferencecache.subscriber.intake import QUEUE_SIZE, Intake, QueueItem
 from inferencecache.subscriber.lora import LoraResolver
 from inferencecache.subscriber.mapping import Block, BlockMapper
 from inferencecache.subscriber.messages import Identity
-from inferencecache.subscriber.metrics import SubscriberMetrics
+from inferencecache.subscriber.metrics import PREFIX, SubscriberMetrics
 from inferencecache.subscriber.processor import Processor
 from inferencecache.subscriber.refresh import EngineLiveness, RefreshPacer, run_refresher
 from inferencecache.subscriber.replay import ReplayClient
 from inferencecache.subscriber.resync import watch_connectivity
 from inferencecache.subscriber.settings import SubscribeSettings
 from inferencecache.subscriber.stats import StatsReporter, make_profile
+from inferencecache.supervise import LoopSupervisor
 
 log = logging.getLogger("inferencecache.subscriber")
 
@@ -63,6 +66,7 @@ class Subscriber:
             settings.replica_id, settings.model_id, settings.tenant_id, settings.hash_scheme
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.supervisor = LoopSupervisor(PREFIX, self.metrics.registry, log)
         self.http: MetricsServer | None = None
         self.ctx: zmq.asyncio.Context | None = None
         self.client: CacheClient | None = None
@@ -73,11 +77,18 @@ class Subscriber:
         self.pacer: RefreshPacer | None = None
         self._stopping = False
 
+    def health(self) -> str | None:
+        """``None`` while every long-running task runs, else why not (``/healthz`` body)."""
+        if not self._tasks or self._stopping:
+            return "not running"
+        ended = sorted(name for name, t in self._tasks.items() if t.done())
+        if ended:
+            return "not running: " + ", ".join(ended) + " ended"
+        return self.supervisor.health()
+
     def healthy(self) -> bool:
-        """True while every long-running task is alive."""
-        return bool(self._tasks) and not self._stopping and all(
-            not t.done() for t in self._tasks.values()
-        )
+        """True while every long-running task runs (none waits to be restarted)."""
+        return self.health() is None
 
     def _snapshot(self) -> list[list[Block]]:
         """The mapper's state for a resync (the forwarder is built before the mapper)."""
@@ -102,8 +113,9 @@ class Subscriber:
             log.info("engine alive; refreshing its resident blocks",
                      extra={"refresh_interval": format_duration(self.settings.refresh_interval)})
 
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro, name=name)
+    def _spawn(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``loop()`` supervised (called again if it dies of an exception)."""
+        task = self.supervisor.spawn(name, loop)
         task.add_done_callback(self._task_done)
         self._tasks[name] = task
 
@@ -163,7 +175,7 @@ class Subscriber:
         self.intake = Intake(self.ctx, s.engine_endpoint, s.topic, queue, self.metrics,
                              replay=replay)
         self.processor = Processor(queue, self.mapper, self.metrics)
-        self.http = MetricsServer(self.metrics.registry, self.healthy)
+        self.http = MetricsServer(self.metrics.registry, self.health)
         if self.metrics_sock is not None:
             port = await self.http.start_socket(self.metrics_sock)
         else:
@@ -172,10 +184,11 @@ class Subscriber:
             "metrics listening",
             extra={"address": f"{s.metrics_address.host}:{port}", "paths": "/metrics /healthz"},
         )
-        self._spawn("intake", self.intake.run())
-        self._spawn("processor", self.processor.run())
-        self._spawn("sender", self.forwarder.run())
-        self._spawn("connectivity", watch_connectivity(self.client.channel, self._on_reconnect))
+        self._spawn("intake", self.intake.run)
+        self._spawn("processor", self.processor.run)
+        self._spawn("sender", self.forwarder.run)
+        channel = self.client.channel
+        self._spawn("connectivity", lambda: watch_connectivity(channel, self._on_reconnect))
         intake = self.intake
         self.liveness = EngineLiveness(
             s.liveness_window,
@@ -183,9 +196,10 @@ class Subscriber:
             last_event=self.metrics.last_event_at,
         )
         if s.refresh_interval > 0:
-            self.pacer = RefreshPacer(s.refresh_interval)
-            self._spawn("refresher", run_refresher(
-                self.pacer, self.mapper, self.liveness, on_pause=self._engine_paused))
+            pacer = self.pacer = RefreshPacer(s.refresh_interval)
+            mapper, liveness = self.mapper, self.liveness
+            self._spawn("refresher", lambda: run_refresher(
+                pacer, mapper, liveness, on_pause=self._engine_paused))
         if s.engine_models_url:
             poller = AdapterPoller(
                 AdapterTracker(self.mapper, self.metrics),
@@ -195,7 +209,7 @@ class Subscriber:
                 interval=s.effective_adapter_poll_interval,
                 on_answer=self.liveness.probe_ok,
             )
-            self._spawn("adapters", poller.run())
+            self._spawn("adapters", poller.run)
         if s.engine_metrics_url:
             profile = make_profile(
                 s.hash_scheme, s.cache_tier, s.engine_cache_size_bytes, s.max_concurrency_ceiling
@@ -210,7 +224,7 @@ class Subscriber:
                 model_name=s.engine_model_name,
                 on_scrape=self.liveness.probe_ok,
             )
-            self._spawn("stats", stats.run())
+            self._spawn("stats", stats.run)
 
     async def _cancel(self, name: str) -> None:
         task = self._tasks.get(name)

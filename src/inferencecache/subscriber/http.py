@@ -13,11 +13,12 @@ from inferencecache.web import Listener
 
 
 class MetricsServer(Listener):
-    """Serves ``registry`` and a health probe that answers 200 ``ok`` while ``healthy()``."""
+    """Serves ``registry`` and a health probe: 200 ``ok`` while ``health()`` is None, else 503
+    with its text (e.g. ``degraded: processor restarting after 1 failure(s): ...``)."""
 
-    def __init__(self, registry: CollectorRegistry, healthy: Callable[[], bool]) -> None:
+    def __init__(self, registry: CollectorRegistry, health: Callable[[], str | None]) -> None:
         self.registry = registry
-        self.healthy = healthy
+        self.health = health
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
@@ -27,6 +28,7 @@ class MetricsServer(Listener):
         return metrics_response(self.registry)
 
     async def _healthz(self, _request: web.Request) -> web.Response:
-        if self.healthy():
+        problem = self.health()
+        if problem is None:
             return web.Response(text="ok")
-        return web.Response(status=503, text="not running")
+        return web.Response(status=503, text=problem)

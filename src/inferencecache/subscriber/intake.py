@@ -167,7 +167,14 @@ class Intake:
         await self.queue.put(EngineGone(cause))
 
     async def handle(self, frames: list[bytes]) -> None:
-        """Check one live message and queue it (plus replayed batches before it)."""
+        """Check one live message and queue it (plus replayed batches before it). Whatever it
+        makes raise drops it (``dropped_inputs{loop="intake"}``); the next one is read."""
+        try:
+            await self._handle(frames)
+        except Exception as e:
+            self.metrics.drops.drop("intake", e, frames=len(frames))
+
+    async def _handle(self, frames: list[bytes]) -> None:
         m = self.metrics
         try:
             _topic, seq, payload = parse_live(frames)
@@ -205,7 +212,11 @@ class Intake:
     async def _replay(self, start: int, stop: int) -> int:
         assert self.replay is not None
         self.metrics.replays.inc()
-        got = await self.replay.fetch(start, stop)
+        try:
+            got = await self.replay.fetch(start, stop)
+        except Exception as e:  # the live message that asked for it is still queued
+            self.metrics.drops.drop("replay", e, start_seq=start)
+            return 0
         for seq, payload in got:
             await self.queue.put(RawBatch(seq, payload, replayed=True))
         if got:

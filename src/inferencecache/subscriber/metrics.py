@@ -6,12 +6,14 @@ Label children on hot paths are bound once here; callers hold the child objects.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferencecache.kvevents.decode import REJECT_REASONS
 from inferencecache.metrics import FallbackCollector
+from inferencecache.supervise import Drops, drop_counter
 
 PREFIX = "inferencecache_subscriber_"
 
@@ -88,6 +90,8 @@ class SubscriberMetrics:
         self.adapter_blocks_forgotten = counter(
             "adapter_blocks_forgotten", "Blocks evicted from the index with their unloaded adapter."
         )
+        # inputs whose handling raised unexpectedly (supervise.Drops): {loop, reason}
+        self.drops = Drops(drop_counter(PREFIX, r), logging.getLogger("inferencecache.subscriber"))
         self.tracked_blocks = Gauge(
             PREFIX + "tracked_blocks", "Engine blocks in the reverse map.", registry=r
         )

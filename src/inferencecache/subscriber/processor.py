@@ -4,7 +4,9 @@ Decoding lives here rather than in the intake so a burst of messages is read off
 (into the bounded queue) while earlier ones are still being applied. A rejected batch is logged
 once, counted once and skipped; nothing of it is applied. During a burst the queued batches are
 applied back to back for up to ``BURST_BUDGET`` seconds before the loop yields to the intake and
-the sender: one event-loop round trip per batch cost more than decoding a small batch.
+the sender: one event-loop round trip per batch cost more than decoding a small batch. Anything
+else a batch makes the decoder or the mapper raise drops that batch (counted in
+``dropped_inputs{loop="processor"}``, logged rate-limited); the loop goes on.
 """
 
 from __future__ import annotations
@@ -51,7 +53,14 @@ class Processor:
                 extra={"err": str(e), "reason": e.reason, "seq": seq, "bytes": len(payload)},
             )
             return False
-        self.mapper.apply(batch)
+        except Exception as e:  # a decoder bug: this batch only
+            self.metrics.drops.drop("processor", e, seq=seq, bytes=len(payload))
+            return False
+        try:
+            self.mapper.apply(batch)
+        except Exception as e:  # a mapper bug: the batch's earlier events stay applied
+            self.metrics.drops.drop("processor", e, seq=seq, bytes=len(payload))
+            return False
         return True
 
     async def run(self) -> None:
@@ -65,7 +74,10 @@ class Processor:
                 if item is None:
                     return
                 if isinstance(item, EngineGone):
-                    self.mapper.engine_restarted()
+                    try:
+                        self.mapper.engine_restarted()
+                    except Exception as e:
+                        self.metrics.drops.drop("processor", e, item=item.cause)
                 else:
                     self.apply_payload(item.payload, item.seq)
                 if queue.empty() or clock() > deadline:

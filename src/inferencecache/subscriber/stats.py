@@ -38,6 +38,7 @@ from inferencecache.subscriber.engine_stats import (
 )
 from inferencecache.subscriber.messages import Identity
 from inferencecache.subscriber.metrics import SubscriberMetrics
+from inferencecache.supervise import describe
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
 log = logging.getLogger("inferencecache.subscriber")
@@ -287,6 +288,10 @@ class StatsReporter:
         except StatsError as e:
             self._failed("scrape_failed", str(e))
             return False
+        except Exception as e:  # whatever else the engine's page makes raise: this tick only
+            self.metrics.drops.drop("stats", e, url=self.url)
+            self._failed("scrape_failed", describe(e))
+            return False
         update = build_stats_update(self.ident, values, time.time())
         try:
             ack = await self.client.report(update)
@@ -338,4 +343,5 @@ class StatsReporter:
         finally:
             if self._session is not None:
                 await self._session.close()
+                self._session = None  # a supervised restart opens a new one
             log.info("stats reporter stopped")
