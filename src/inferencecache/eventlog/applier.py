@@ -10,14 +10,17 @@ the previous sweep, before the entry's items; a quiet log is moved on by tick en
 applier's whole state (the log clock and the last sweep time, the policy body in force) goes
 into snapshots, so a restored replica continues exactly like one that never stopped.
 
-Items are applied through the index's own ``apply_update`` / ``apply_event`` (the functions the
-server applies with when there is no log), after the one decoder of each message.
+Items are applied through an ``ItemApplier``: by default ``IndexItems``, the index's own
+``apply_update`` / ``apply_event`` (the functions the server applies with when there is no log)
+after the one decoder of each message; a server with another apply path passes its own, so the
+log is applied exactly as direct ingest would be.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from inferencecache.eventlog import codec
 from inferencecache.eventlog.metrics import EventLogMetrics
@@ -39,6 +42,37 @@ class LogTime:
     policy_body: bytes | None = None  # the newest policy entry applied; None: the startup config
 
 
+class ItemApplier(Protocol):
+    """Applies one ``CacheStateUpdate`` / ``CacheEvent`` item (its wire bytes) at the log time;
+    returns False when the bytes do not decode (counted and skipped by the caller)."""
+
+    def update(self, payload: bytes, now_us: int) -> bool: ...
+    def event(self, payload: bytes, now_us: int) -> bool: ...
+
+
+class IndexItems:
+    """The default ``ItemApplier``: the one decoder of each message, then ``Index.apply_*``."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    def update(self, payload: bytes, now_us: int) -> bool:
+        update = decode_update(payload)
+        if update is None:
+            return False
+        self.index.apply_update(update, now_us=now_us)
+        return True
+
+    def event(self, payload: bytes, now_us: int) -> bool:
+        try:
+            event = pb.CacheEvent.FromString(payload)
+        except Exception:
+            return False
+        if event.tenant_id != PROBE_TENANT:
+            self.index.apply_event(event, now_us=now_us)
+        return True
+
+
 class Applier:
     """Applies decoded entries to one ``Index``; ``drop`` counts what it skips."""
 
@@ -48,9 +82,11 @@ class Applier:
         metrics: EventLogMetrics,
         *,
         initial_config: IndexConfig | None = None,
+        items: ItemApplier | None = None,
     ) -> None:
         self.index = index
         self.metrics = metrics
+        self.items: ItemApplier = items if items is not None else IndexItems(index)
         self.time = LogTime()
         self.initial_config = initial_config if initial_config is not None else index.config
         self._sweep_us = max(1, round(index.settings.sweep_interval * 1_000_000))
@@ -77,24 +113,18 @@ class Applier:
             self.index.sweep(now_us=now)
             t.last_sweep_us = now
         index = self.index
+        items = self.items
         applied = self.metrics.applied_items
         for kind, payload in entry.items:
             try:
                 if kind == codec.KIND_UPDATE:
-                    update = decode_update(payload)
-                    if update is None:
+                    if not items.update(payload, now):
                         self.metrics.dropped("undecodable_update").inc()
                         continue
-                    index.apply_update(update, now_us=now)
                 elif kind == codec.KIND_EVENT:
-                    try:
-                        event = pb.CacheEvent.FromString(payload)
-                    except Exception:
+                    if not items.event(payload, now):
                         self.metrics.dropped("undecodable_event").inc()
                         continue
-                    if event.tenant_id == PROBE_TENANT:
-                        continue
-                    index.apply_event(event, now_us=now)
                 elif kind == codec.KIND_TICK:
                     pass
                 elif kind == codec.KIND_POLICY:

@@ -27,7 +27,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 
 from inferencecache.eventlog.appender import Appender
-from inferencecache.eventlog.applier import Applier
+from inferencecache.eventlog.applier import Applier, ItemApplier
 from inferencecache.eventlog.config import EventLogConfig
 from inferencecache.eventlog.follower import Follower
 from inferencecache.eventlog.metrics import EventLogMetrics
@@ -57,6 +57,7 @@ class LogNode:
         metrics: EventLogMetrics,
         *,
         read_only: bool = False,
+        items: ItemApplier | None = None,
     ) -> None:
         self.index = index
         self.config = config
@@ -64,7 +65,9 @@ class LogNode:
         self.log = RedisLog(config.url, password=config.password, key_prefix=config.key_prefix,
                             socket_timeout=config.socket_timeout)
         snapshots = SnapshotStore(config.snapshot_dir) if config.snapshot_dir else None
-        self.applier = Applier(index, metrics)
+        # items: how an update/event item reaches the index (default: Index.apply_update /
+        # apply_event after the one decoder); a server with another apply path passes its own
+        self.applier = Applier(index, metrics, items=items)
         self.follower = Follower(
             index, self.log, metrics, applier=self.applier, snapshots=snapshots,
             write_snapshots=config.write_snapshots, snapshot_interval=config.snapshot_interval,
