@@ -257,3 +257,29 @@ def test_a_bad_entry_is_dropped_counted_and_the_loop_goes_on(redis_server: Redis
         assert idx.verify() == []
     finally:
         a.stop()
+
+
+def test_replicas_with_other_index_settings_are_flagged(redis_server: RedisServer) -> None:
+    """Every replica compares its index settings with those the last appending replica
+    published: a replica with another TTL would not hold the same state."""
+    cfg = EventLogConfig(redis_server.url)
+    a = LogNode(Index(IndexSettings(default_ttl=600.0)), cfg, EventLogMetrics())
+    same = LogNode(Index(IndexSettings(default_ttl=600.0)), cfg, EventLogMetrics(),
+                   read_only=True)
+    other = LogNode(Index(IndexSettings()), cfg, EventLogMetrics(), read_only=True)
+    try:
+        a.start()
+        a.submit(codec.KIND_TICK, b"").result(10)
+        assert a.follower.wait_for(1, 10)
+        for n in (same, other):
+            n.start()
+            assert n.follower.wait_for(1, 10)
+        deadline = time.monotonic() + 10
+        while metric(other, "inferencecache_eventlog_settings_mismatch") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert metric(same, "inferencecache_eventlog_settings_mismatch") == 0
+        assert metric(a, "inferencecache_eventlog_settings_mismatch") == 0
+    finally:
+        for n in (a, same, other):
+            n.stop()

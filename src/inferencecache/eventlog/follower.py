@@ -78,6 +78,8 @@ class Follower:
         read_count: int = READ_COUNT,
         block_ms: int = BLOCK_MS,
         wall_s: Callable[[], float] = time.time,
+        settings_doc: bytes | None = None,
+        publish_settings: bool = False,
     ) -> None:
         self.index = index
         self.log = log_
@@ -90,6 +92,8 @@ class Follower:
         self.read_count = read_count
         self.block_ms = block_ms
         self._wall = wall_s
+        self._settings_doc = settings_doc
+        self._publish_settings = publish_settings
         self._client = log_.client(read_timeout=log_.socket_timeout + block_ms / 1000.0)
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -215,6 +219,9 @@ class Follower:
                 continue
             backoff = BACKOFF_MIN
             self._up.set(1)
+            if self._settings_doc is not None:
+                self._check_settings(self._settings_doc)
+                self._settings_doc = None
             self._maybe_snapshot()
 
     def _read_once(self) -> None:
@@ -317,6 +324,28 @@ class Follower:
             self._anchor = b""
             self._cond.notify_all()
         self.metrics.recoveries("replay").inc()
+
+    def _check_settings(self, mine: bytes) -> None:
+        """Compare this replica's state-shaping settings with the last appender's (and publish
+        them when appending): replicas that differ do not hold the same state."""
+        try:
+            key = self.log.keys.settings
+            theirs: Any = self._client.get(key)
+            if self._publish_settings:
+                self._client.set(key, mine)
+        except Exception as e:
+            log.warning("could not compare settings with the event log",
+                        extra={"err": f"{type(e).__name__}: {e}"})
+            return
+        if theirs is not None and theirs != mine:
+            self.metrics.settings_mismatch.set(1)
+            log.warning(
+                "this replica's index settings differ from the last appending replica's; "
+                "replicas will not hold the same state (docs/event-log.md, the time rule)",
+                extra={"mine": mine.decode(errors="replace"),
+                       "published": bytes(theirs).decode(errors="replace")})
+        else:
+            self.metrics.settings_mismatch.set(0)
 
     def _position_intact(self) -> bool:
         """Whether the entry this replica applied last is still in the log with its number."""

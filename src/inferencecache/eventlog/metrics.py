@@ -84,6 +84,11 @@ class EventLogMetrics:
             p + "snapshot_timestamp_seconds",
             "Wall-clock time of the newest snapshot written or loaded (age = time() - this).",
             registry=r)
+        self.settings_mismatch = Gauge(
+            p + "settings_mismatch",
+            "1 when this replica's state-shaping settings (TTL, sweep interval, hold cap, block "
+            "size, bounds) differ from those the last appending replica published: replicas "
+            "then do not hold the same state.", registry=r)
         self.snapshot_skipped = Counter(
             p + "snapshot_skipped",
             "Snapshot files skipped at load (corrupt, truncated, unusable for this log).",

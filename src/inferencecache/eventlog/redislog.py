@@ -8,6 +8,8 @@ in one slot and the scripts may touch them together:
 - ``{PREFIX}:seq``: the last sequence number handed out (a Redis integer).
 - ``{PREFIX}:policy``: hash ``n``, ``id``, ``body`` of the newest policy entry, for a replica
   that replays a log whose older entries were trimmed.
+- ``{PREFIX}:settings``: the state-shaping index settings of the last appending replica that
+  started (JSON), compared by every replica at start (a mismatch is logged and exported).
 
 The sequence number is what makes a gap visible: a replica that applied ``n`` expects
 ``n + 1`` next; a larger number means entries were trimmed before it read them, a smaller one
@@ -96,6 +98,10 @@ class Keys:
     @property
     def policy(self) -> str:
         return f"{{{self.prefix}}}:policy"
+
+    @property
+    def settings(self) -> str:
+        return f"{{{self.prefix}}}:settings"
 
 
 class RedisLog:

@@ -19,6 +19,8 @@ hop)::
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 from concurrent.futures import Future
@@ -47,6 +49,12 @@ log = logging.getLogger("inferencecache.eventlog")
 RETENTION_MARGIN_S = 600.0
 
 
+def settings_doc(settings: IndexSettings) -> bytes:
+    """The index settings that shape the state, as published in ``{PREFIX}:settings``."""
+    return json.dumps(dataclasses.asdict(settings), sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
 class LogNode:
     """The event-log side of one replica around an existing ``Index``."""
 
@@ -71,7 +79,8 @@ class LogNode:
         self.follower = Follower(
             index, self.log, metrics, applier=self.applier, snapshots=snapshots,
             write_snapshots=config.write_snapshots, snapshot_interval=config.snapshot_interval,
-            max_lag=config.max_replica_lag,
+            max_lag=config.max_replica_lag, settings_doc=settings_doc(index.settings),
+            publish_settings=not read_only,
         )
         self.appender: Appender | None = None
         self.upkeep: Upkeep | None = None
