@@ -4,6 +4,9 @@ client on it: exactly what LookupRoute on a server replica answers, without a gR
 from __future__ import annotations
 
 import asyncio
+import time
+
+import redis
 
 from inferencecache import fingerprint
 from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode, Replica, codec
@@ -22,7 +25,7 @@ def test_replica_and_gateway_hint_client_answer_like_the_server(
         replica_id="engine-0", model_id="m", tenant_id="t", hash_scheme="vllm",
         prefixes=[pb.PrefixEntry(prefix_hash=chain[i:i + 8], token_count=16 * (i // 8 + 1))
                   for i in range(0, len(chain) - 16, 8)])
-    server_index = Index(IndexSettings())
+    server_index = Index(IndexSettings(default_ttl=600.0))  # published; the gateway adopts it
     node = LogNode(server_index, EventLogConfig(redis_server.url), EventLogMetrics())
     node.start()
     try:
@@ -42,11 +45,18 @@ def test_replica_and_gateway_hint_client_answer_like_the_server(
                                    want.replica_scores])
             assert replica.cache_state("t", "m").total_prefixes == len(upd.prefixes)
 
+        r = redis.Redis.from_url(redis_server.url)
+        deadline = time.monotonic() + 10
+        while r.get("{inferencecache}:settings") is None:  # published after its first read
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
         async def gateway_side() -> tuple[str, tuple[str, ...], tuple[int, ...]]:
             client = ReplicaHintClient(redis_server.url, "inferencecache", "vllm", 16)
             assert await client.start(connect_wait=10.0)
             try:
                 hint = await client.lookup("t", "m", "", chain)
+                assert client.replica.index.settings.default_ttl == 600.0  # the servers'
             finally:
                 await client.close()
             return hint.reason_code, hint.replicas, hint.matched_tokens

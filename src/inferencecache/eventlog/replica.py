@@ -25,6 +25,7 @@ import logging
 import math
 from concurrent.futures import Future
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -53,6 +54,28 @@ def settings_doc(settings: IndexSettings) -> bytes:
     """The index settings that shape the state, as published in ``{PREFIX}:settings``."""
     return json.dumps(dataclasses.asdict(settings), sort_keys=True,
                       separators=(",", ":")).encode()
+
+
+def published_settings(config: EventLogConfig) -> IndexSettings | None:
+    """The index settings the last appending replica published (``{PREFIX}:settings``), or
+    None when there are none or Redis does not answer: a read-only replica adopts them so it
+    holds exactly the servers' state."""
+    log_ = RedisLog(config.url, password=config.password, key_prefix=config.key_prefix,
+                    socket_timeout=min(config.socket_timeout, 2.0))
+    client = log_.client()
+    try:
+        raw: Any = client.get(log_.keys.settings)
+        if raw is None:
+            return None
+        doc = json.loads(raw)
+        names = {f.name for f in dataclasses.fields(IndexSettings)}
+        return IndexSettings(**{k: v for k, v in doc.items() if k in names})
+    except Exception as e:
+        log.warning("could not read the event log's published settings; using defaults",
+                    extra={"err": f"{type(e).__name__}: {e}"})
+        return None
+    finally:
+        client.close()
 
 
 class LogNode:

@@ -132,23 +132,40 @@ class ReplicaHintClient:
     like a server that is not ready)."""
 
     def __init__(self, url: str, key_prefix: str, hash_scheme: str, block_size: int) -> None:
-        from inferencecache.eventlog import EventLogConfig, Replica
-        from inferencecache.index import IndexSettings
+        from inferencecache.eventlog import EventLogConfig
 
         self.hash_scheme = hash_scheme
         self.block_size = block_size
-        self.replica = Replica(EventLogConfig(url, key_prefix=key_prefix),
-                               settings=IndexSettings(engine_block_size=block_size))
+        self.config = EventLogConfig(url, key_prefix=key_prefix)
+        self.replica: Any = None
         self._counts: dict[int, bytes] = {}
         self._last_error_log = 0.0
 
+    def _start_replica(self) -> Any:
+        """The replica, with the index settings the servers published (so it holds exactly
+        their state), else ``serve``'s defaults with this block size."""
+        from inferencecache.eventlog import Replica
+        from inferencecache.eventlog.replica import published_settings
+        from inferencecache.index import IndexSettings
+
+        settings = published_settings(self.config)
+        if settings is None:
+            settings = IndexSettings(engine_block_size=self.block_size)
+        elif settings.engine_block_size != self.block_size:
+            log.warning("the servers' block size differs from --block-size; hints will miss",
+                        extra={"servers": settings.engine_block_size,
+                               "block_size": self.block_size})
+        return Replica(self.config, settings=settings).start()
+
     async def start(self, connect_wait: float = 1.0) -> bool:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.replica.start)  # may load nothing; never blocks
+        self.replica = await loop.run_in_executor(None, self._start_replica)
         return await loop.run_in_executor(None, self.replica.wait_ready, connect_wait)
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.replica.close)
+        if self.replica is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.replica.close)
+            self.replica = None
 
     async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
         from inferencecache.index import LookupRequest
@@ -165,6 +182,8 @@ class ReplicaHintClient:
             block_token_counts=counts if counts else [self.block_size] * n,
         )
         t0 = time.perf_counter()
+        if self.replica is None:
+            return Hint(reasons.HINT_ERROR, latency_s=0.0)
         try:
             resp = self.replica.lookup(req)
         except Exception as e:  # never fail a request because of the hint plane
