@@ -188,7 +188,8 @@ def test_e2e_replicas_restart_from_snapshot_and_survive_redis_outage(
 def test_e2e_two_replicas_answer_identically(
     tmp_path: Any, redis_dir: str, children: Children
 ) -> None:
-    """Both replicas append (a producer per replica), both apply everything; then thousands of
+    """Both replicas append (a producer per replica), both apply everything, B is killed with
+    SIGKILL while entries flow and started again (its snapshot + the log); then thousands of
     random requests get the same reason, replicas in the same order, the same matched tokens
     and tiers, and the same GetCacheState (scores differ only by the time between calls)."""
     redis_srv = RedisServer(redis_dir).start()
@@ -199,8 +200,20 @@ def test_e2e_two_replicas_answer_identically(
         rng = random.Random(20261201)
         keys = [rng.randrange(2**64).to_bytes(8, "big") for _ in range(400)]
         models = ["m0", "m1"]
-        for i in range(300):
-            target = a if i % 2 else b
+        b_down = False
+        for i in range(400):
+            if i == 150:  # mid-flight: entries keep arriving while B dies
+                old_b = b
+                wait_until(lambda: old_b.metric("inferencecache_eventlog_snapshots_total") >= 1,
+                           15, "a snapshot of B")
+                b.proc.kill()
+                b.close()
+                b_down = True
+            if i == 300:  # back on the snapshot dir it had
+                b = Replica(children, redis_srv.url, str(tmp_path / "b"), "127.0.0.1:0")
+                assert b.proc.wait_log("loaded snapshot", timeout=20)["sequence"] > 0
+                b_down = False
+            target = a if i % 2 or b_down else b
             replica = f"engine-{rng.randrange(8)}"
             model = rng.choice(models)
             if rng.random() < 0.8:
