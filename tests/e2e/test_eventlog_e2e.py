@@ -203,8 +203,7 @@ def test_e2e_two_replicas_answer_identically(
         b_down = False
         for i in range(400):
             if i == 150:  # mid-flight: entries keep arriving while B dies
-                old_b = b
-                wait_until(lambda: old_b.metric("inferencecache_eventlog_snapshots_total") >= 1,
+                wait_until(lambda r=b: r.metric("inferencecache_eventlog_snapshots_total") >= 1,
                            15, "a snapshot of B")
                 b.proc.kill()
                 b.close()
