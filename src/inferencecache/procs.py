@@ -321,11 +321,13 @@ class RedisServer:
         port: int = 0,
         appendonly: bool = True,
         password: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        self.extra_args = list(extra_args)  # e.g. --tls-port and its files
         self.popen: subprocess.Popen[Any] | None = None
 
     @property
@@ -340,7 +342,8 @@ class RedisServer:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes" if self.appendonly else "no", "--dir", self.directory,
              "--protected-mode", "no", "--loglevel", "warning",
-             *(["--requirepass", self.password] if self.password else [])],
+             *(["--requirepass", self.password] if self.password else []),
+             *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout
