@@ -2517,6 +2517,33 @@ done:
     return d;
 }
 
+/* Grow the table for `keys` keys at once (a snapshot load knows how many are coming): one
+ * allocation instead of a doubling (and a rehash of everything so far) every time the load
+ * passes 3/4. Never shrinks. */
+static PyObject *BM_reserve(BlockMap *m, PyObject *arg) {
+    Py_ssize_t keys = PyLong_AsSsize_t(arg);
+    if (keys < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "keys must be >= 0");
+        return NULL;
+    }
+    size_t want = (size_t)keys + m->nkeys;
+    size_t ncap = m->mask + 1;
+    while (want * 4 > ncap * 3) {
+        if (ncap > ((size_t)1 << 40)) {
+            PyErr_SetString(PyExc_OverflowError, "reserve: too many keys");
+            return NULL;
+        }
+        ncap *= 2;
+    }
+    if (ncap > m->mask + 1) {
+        if (bm_enter(m) < 0) return NULL;
+        int r = bm_resize(m, ncap);
+        m->busy = 0;
+        if (r < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* Every hold as columns, for snapshots: (keys, replicas, tokens, last_seen, tiers, others).
  * Holds of 8-byte keys go to the columns, in native byte order: keys (8 bytes each, the key's
  * bytes), replicas (uint32), tokens (int32), last_seen (int64), tiers (int32); holds of any
@@ -2793,6 +2820,8 @@ static PyMethodDef BM_methods[] = {
     {"replica_summary", (PyCFunction)BM_replica_summary, METH_NOARGS,
      "replica_summary() -> {replica: (holds, newest last_seen)}"},
     {"holds", (PyCFunction)BM_holds, METH_NOARGS, "holds() -> iterator of Hold"},
+    {"reserve", (PyCFunction)BM_reserve, METH_O,
+     "reserve(keys): grow the table for that many more keys at once (snapshot loads)"},
     {"dump_columns", (PyCFunction)BM_dump_columns, METH_NOARGS,
      "dump_columns() -> (keys, replicas, tokens, last_seen, tiers, others): every hold"},
     {"memory_bytes", (PyCFunction)BM_memory_bytes, METH_NOARGS,

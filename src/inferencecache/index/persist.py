@@ -15,7 +15,7 @@ all its blocks with the same time, so a group is usually a whole update and load
 
 Layout (all integers little-endian; ``str`` = u32 byte length + UTF-8):
 - ``meta`` (JSON, UTF-8): replica names by id (null = free id), partitions
-  ``[[pid, tenant, model, scheme, adapter], ...]`` in order, stats rows.
+  ``[[pid, tenant, model, scheme, adapter, distinct keys], ...]`` in order, stats rows.
 - one ``holds`` blob per partition, in the same order: u32 group count, then per group
   u32 replica id, i64 last_seen, i32 tier, u32 n, u8 form (0: n keys of 8 bytes; 1: n u32
   key lengths follow), the keys, then n i32 token counts.
@@ -72,7 +72,8 @@ def dump_meta(st: IndexState) -> bytes:
     doc = {
         "format": FORMAT,
         "replicas": list(st.replicas.names),
-        "partitions": [[p.pid, *p.key] for p in st.parts.values() if not p.probe],
+        "partitions": [[p.pid, *p.key, p.store.key_count()]
+                       for p in st.parts.values() if not p.probe],
         "stats": stats,
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
@@ -170,9 +171,10 @@ def _load_doc(st: IndexState, doc: dict[str, Any], blobs: Sequence[bytes]) -> No
     if len(parts) != len(blobs):
         raise PersistError(f"{len(parts)} partitions but {len(blobs)} hold blobs")
     n_names = len(names)
-    for (pid, tenant, model, scheme, adapter), blob in zip(parts, blobs, strict=True):
+    for (pid, tenant, model, scheme, adapter, n_keys), blob in zip(parts, blobs, strict=True):
         key = (str(tenant), str(model), str(scheme), str(adapter))
         part = Partition(int(pid), key, st.store_factory())
+        part.ops.reserve(max(0, int(n_keys)))  # one table allocation, not a doubling series
         st.parts[key] = part
         st.parts_by_tm.setdefault(part.tm, {})[part.pid] = part
         st.parts_by_tenant.setdefault(part.tenant, {})[part.pid] = part

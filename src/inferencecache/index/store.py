@@ -283,9 +283,14 @@ def dump_columns(store: PartitionStore) -> Columns:
             others)
 
 
+def reserve(store: PartitionStore, keys: int) -> None:
+    """Make room for ``keys`` more keys at once (a snapshot load knows how many are coming);
+    the default does nothing."""
+
+
 OPTIONAL: Final = (
     "upsert_many", "remove_holds", "remove_replica", "remove_key", "sweep", "walk_ranked",
-    "cap_candidates", "quota_candidates", "replica_summary", "dump_columns",
+    "cap_candidates", "quota_candidates", "replica_summary", "dump_columns", "reserve",
 )  # fmt: skip
 """The capabilities a backend may implement itself (same name and signature, minus ``store``)."""
 
@@ -326,6 +331,7 @@ class PartitionOps:
             store, replica_summary
         )
         self.dump_columns: Callable[[], Columns] = _bind(store, dump_columns)
+        self.reserve: Callable[[int], None] = _bind(store, reserve)
 
 
 def _bind(store: PartitionStore, default: Callable[..., Any]) -> Callable[..., Any]:
