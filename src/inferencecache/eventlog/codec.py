@@ -4,7 +4,7 @@ An entry is a small envelope around items, each item the exact bytes the contrac
 (a ``CacheStateUpdate`` or a ``CacheEvent`` as the server accepted it), so another
 implementation reads the log with only the ``.proto`` and this page:
 
-    u8  magic 0xIC (0x1C), u8 version (1)
+    u8  magic 0x1C, u8 version (1)
     i64 appender wall clock, µs since the Unix epoch, little-endian
     varint length + UTF-8 appender id (host/process; for logs and metrics only)
     varint item count
