@@ -122,3 +122,28 @@ def test_compiled_dump_columns_equals_the_default() -> None:
 
     assert rows(m.dump_columns()) == rows(store.dump_columns(m))
     assert len(rows(m.dump_columns())) == m.hold_count()
+
+
+def test_a_replica_starts_from_the_newest_valid_snapshot(tmp_path) -> None:
+    """The follower's start-up: the newest file is corrupt, the older one loads (counted, the
+    state and position are the older snapshot's)."""
+    from inferencecache.eventlog.follower import Follower
+    from inferencecache.eventlog.metrics import EventLogMetrics
+    from inferencecache.eventlog.redislog import RedisLog
+
+    src = filled("python")
+    store = SnapshotStore(str(tmp_path))
+    store.write(Position(4, 40, 0), LogTime(7, 6, None), src.dump_state())
+    store.write(Position(9, 90, 0), LogTime(8, 6, None), src.dump_state())
+    newest = store.paths()[0][1]
+    with open(newest, "r+b") as f:
+        f.truncate(100)
+    m = EventLogMetrics()
+    idx = Index(IndexSettings(max_holds=5000), store_factory=store_factory("python"))
+    fol = Follower(idx, RedisLog("redis://127.0.0.1:1/0"), m, snapshots=store)
+    fol._load_newest_snapshot()  # no Redis needed for this part
+    assert fol.position == Position(4, 40, 0)
+    assert view(idx) == view(src)
+    skipped = [s.value for f in m.registry.collect() for s in f.samples
+               if s.name == "inferencecache_eventlog_snapshot_skipped_total"]
+    assert skipped == [1.0]

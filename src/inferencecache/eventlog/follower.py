@@ -184,7 +184,9 @@ class Follower:
                 continue
             self.applier.reset(snap.time)
             self.position = snap.position
+            self._anchor = snap.position.stream_id
             self._snapshot_pos = snap.position
+            self.metrics.snapshot_skipped.inc(self.snapshots.skipped)  # newer corrupt files
             self.applied_wall_s = snap.position.id_ms / 1000.0
             self.metrics.recoveries("snapshot").inc()
             self.metrics.snapshot_time.set(snap.written_us / 1e6)
