@@ -14,6 +14,7 @@ from typing import NamedTuple, TypeVar, TypeVarTuple
 
 from inferencecache.index import apply, batch, eviction
 from inferencecache.index.backends import default_store_factory
+from inferencecache.index.changes import DEFAULT_MAX_BACKLOG, ChangeFeed, Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
 from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
@@ -88,6 +89,31 @@ class Index:
         )
         self._sysclock = type(self.clock) is SystemClock  # now_us() = time_ns() // 1000
         self._batches = batch.Applier(self._state, _compiled_applier(self.store_factory))
+        self.feed = ChangeFeed()
+
+    # -- change feed (index/changes.py) ---------------------------------------------------
+
+    def observe(self, max_backlog: int = DEFAULT_MAX_BACKLOG) -> Observer:
+        """A new observer of every change applied from now on, in apply order; ``close()`` it
+        when done. It is cut off (``Overflowed``) when it lags more than ``max_backlog``
+        changes behind."""
+        return self.feed.add(max_backlog)
+
+    def _observe_begin(self, now: int) -> None:
+        """Under the lock, before a mutation: collect its changes while anyone observes."""
+        if self.feed.active:
+            st = self._state
+            st.changes = []
+            st.change_now = now
+
+    def _observe_end(self) -> None:
+        """Under the lock, after a mutation: hand its changes to the observers."""
+        st = self._state
+        changes = st.changes
+        if changes is not None:
+            st.changes = None
+            if changes:
+                self.feed.publish(changes)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -126,6 +152,7 @@ class Index:
         now = self.clock.now_us()
         st = self._state
         with self._lock:
+            self._observe_begin(now)
             try:
                 if apply.apply_update(st, update, now, allow_probe=allow_probe):
                     tenant = update.tenant_id
@@ -133,6 +160,7 @@ class Index:
                         eviction.enforce_quota(st, tenant)
                     eviction.enforce_cap(st)
             finally:
+                self._observe_end()
                 st.finish()
 
     def apply_batch(self, data: bytes) -> None:
@@ -143,9 +171,14 @@ class Index:
         malformed one stay applied)."""
         now = _time_ns() // 1000 if self._sysclock else self.clock.now_us()
         with self._lock:
+            self._observe_begin(now)
             try:
-                self._batches.apply(data, now)
+                if self._state.changes is None:
+                    self._batches.apply(data, now)
+                else:  # observed: the reference applier reports every change it makes
+                    batch.apply_reference(self._state, data, now)
             finally:
+                self._observe_end()
                 self._state.finish()
 
     def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
@@ -155,9 +188,11 @@ class Index:
         now = self.clock.now_us()
         st = self._state
         with self._lock:
+            self._observe_begin(now)
             try:
                 apply.apply_event(st, event, now, allow_probe=allow_probe)
             finally:
+                self._observe_end()
                 st.finish()
 
     def sweep(self) -> None:
@@ -165,9 +200,11 @@ class Index:
         now = self.clock.now_us()
         st = self._state
         with self._lock:
+            self._observe_begin(now)
             try:
                 eviction.sweep(st, now)
             finally:
+                self._observe_end()
                 st.finish()
 
     # -- reads ----------------------------------------------------------------------------

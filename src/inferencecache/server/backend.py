@@ -11,6 +11,7 @@ import json
 import logging
 
 from inferencecache.index.backends import store_factory
+from inferencecache.index.changes import Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
 from inferencecache.index.lookup_route import PromptTokenizer, Router
@@ -92,6 +93,10 @@ class IndexBackend:
 
     def sweep(self) -> None:
         self.index.sweep()
+
+    def observe(self, max_backlog: int) -> Observer:
+        """A change-feed observer (StreamCacheEvents, the live page)."""
+        return self.index.observe(max_backlog)
 
     # -- HTTP admin -------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ def serve(settings: ServeSettings) -> int:
     )
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.server.streams import StreamSettings
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
     from inferencecache.web import ListenError
 
@@ -108,6 +109,11 @@ def serve(settings: ServeSettings) -> int:
         metrics=metrics,
         sweep_interval=backend.index.settings.sweep_interval,
         grpc_workers=settings.grpc_workers,
+        streams=StreamSettings(
+            max_streams=settings.max_streams,
+            max_backlog=settings.stream_max_backlog,
+            metrics_interval=settings.stream_metrics_interval,
+        ),
     )
 
     stop = threading.Event()

@@ -1,0 +1,78 @@
+"""The index's change feed (contract-and-index.md §13.1-§13.3) at the library level, on every
+store backend: the ICB1 batch path reports what it applied, the feed costs nothing unobserved,
+and an observer over its bound is cut off without touching ingest."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferencecache.index import batch
+from inferencecache.index.changes import (
+    ALL_CLEARED,
+    PREFIX_ADDED,
+    PREFIX_EVICTED,
+    REPLICA_UPDATED,
+    Change,
+    Closed,
+    Overflowed,
+)
+from inferencecache.index.model import Stats
+from tests.index.support import Env, h
+
+T, M, S = "t", "m", "vllm"
+
+
+def _flat(changes: list[Change]) -> list[tuple[int, str, str, bytes]]:
+    out = []
+    for c in changes:
+        keys = list(c.each_hash()) or [b""]
+        out += [(c.type, c.replica, c.adapter, k) for k in keys]
+    return out
+
+
+def _drain(obs: object) -> list[Change]:
+    got: list[Change] = []
+    while True:
+        b = obs.next_batch(0)  # type: ignore[attr-defined]
+        if not b:
+            return got
+        got.extend(b)
+
+
+def test_c13_1_batch_apply_reports_every_record(env: Env) -> None:
+    obs = env.index.observe()
+    route = batch.Route(T, M, S, "lora", "r1")
+    data = batch.encode([
+        batch.Record(batch.STORE, route, tier=1, hashes=h(1) + h(2), tokens=[16, 32]),
+        batch.Record(batch.STATS, route, stats=Stats(hit_rate=0.5)),
+        batch.Record(batch.REMOVE, batch.Route(T, M, S, "", "r1"), hashes=h(2) + h(9)),
+        batch.Record(batch.CLEAR, route),
+    ])  # fmt: skip
+    env.index.apply_batch(data)
+    assert _flat(_drain(obs)) == [
+        (PREFIX_ADDED, "r1", "lora", h(1)),
+        (PREFIX_ADDED, "r1", "lora", h(2)),
+        (REPLICA_UPDATED, "r1", "", b""),
+        (PREFIX_EVICTED, "r1", "lora", h(2)),  # h(9) was not held: not reported
+        (ALL_CLEARED, "r1", "", b""),
+    ]
+    obs.close()
+    assert not env.index.feed.active
+    # unobserved again: the compiled path, nothing collected
+    env.index.apply_batch(data)
+    assert env.index._state.changes is None
+
+
+def test_c13_3_overflow_cuts_the_observer_off_and_ingest_goes_on(env: Env) -> None:
+    slow = env.index.observe(max_backlog=2)
+    fine = env.index.observe()
+    for i in range(3):
+        env.chain(f"r{i}", [h(i)])
+    with pytest.raises(Overflowed):
+        slow.next_batch(0)
+    assert env.index.feed.count == 1 and env.index.feed.overflows == 1
+    assert len(_drain(fine)) == 3
+    assert env.index.counts()["holds"] == 3
+    fine.close()
+    with pytest.raises(Closed):
+        fine.next_batch(0)
