@@ -76,3 +76,19 @@ def test_c13_3_overflow_cuts_the_observer_off_and_ingest_goes_on(env: Env) -> No
     fine.close()
     with pytest.raises(Closed):
         fine.next_batch(0)
+
+
+def test_c13_1_sweep_and_cap_report_removed_holds(make_env: object) -> None:
+    from inferencecache.index.settings import IndexSettings
+
+    env = make_env(settings=IndexSettings(max_holds=2))  # type: ignore[operator]
+    env.chain("old", [h(1), h(2)], age=3600)  # past the 30 min default TTL
+    obs = env.index.observe()
+    env.chain("new", [h(3)])  # 3 holds > cap 2: the oldest goes
+    got = _flat(_drain(obs))
+    assert got[0] == (PREFIX_ADDED, "new", "", h(3))
+    assert got[1][:2] == (PREFIX_EVICTED, "old") and got[1][3] in (h(1), h(2))
+    env.index.sweep()
+    swept = _flat(_drain(obs))
+    assert swept == [(PREFIX_EVICTED, "old", "", ({h(1), h(2)} - {got[1][3]}).pop())]
+    assert env.index.counts()["holds"] == 1
