@@ -4,6 +4,8 @@ and an observer over its bound is cut off without touching ingest."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from inferencecache.index import batch
@@ -14,9 +16,11 @@ from inferencecache.index.changes import (
     REPLICA_UPDATED,
     Change,
     Closed,
+    Observer,
     Overflowed,
 )
 from inferencecache.index.model import Stats
+from inferencecache.index.settings import IndexSettings
 from tests.index.support import Env, h
 
 T, M, S = "t", "m", "vllm"
@@ -30,10 +34,10 @@ def _flat(changes: list[Change]) -> list[tuple[int, str, str, bytes]]:
     return out
 
 
-def _drain(obs: object) -> list[Change]:
+def _drain(obs: Observer) -> list[Change]:
     got: list[Change] = []
     while True:
-        b = obs.next_batch(0)  # type: ignore[attr-defined]
+        b = obs.next_batch(0)
         if not b:
             return got
         got.extend(b)
@@ -78,10 +82,8 @@ def test_c13_3_overflow_cuts_the_observer_off_and_ingest_goes_on(env: Env) -> No
         fine.next_batch(0)
 
 
-def test_c13_1_sweep_and_cap_report_removed_holds(make_env: object) -> None:
-    from inferencecache.index.settings import IndexSettings
-
-    env = make_env(settings=IndexSettings(max_holds=2))  # type: ignore[operator]
+def test_c13_1_sweep_and_cap_report_removed_holds(make_env: Callable[..., Env]) -> None:
+    env = make_env(settings=IndexSettings(max_holds=2))
     env.chain("old", [h(1), h(2)], age=3600)  # past the 30 min default TTL
     obs = env.index.observe()
     env.chain("new", [h(3)])  # 3 holds > cap 2: the oldest goes
