@@ -21,6 +21,7 @@ from inferencecache.index.changes import (
 )
 from inferencecache.index.model import Stats
 from inferencecache.index.settings import IndexSettings
+from inferencecache.index.tenant_config import IndexConfig, TenantQuota
 from tests.index.support import Env, h
 
 T, M, S = "t", "m", "vllm"
@@ -94,3 +95,30 @@ def test_c13_1_sweep_and_cap_report_removed_holds(make_env: Callable[..., Env]) 
     swept = _flat(_drain(obs))
     assert swept == [(PREFIX_EVICTED, "old", "", ({h(1), h(2)} - {got[1][3]}).pop())]
     assert env.index.counts()["holds"] == 1
+
+
+def test_c13_1_store_batches_report_in_order_with_quota_evictions(
+    make_env: Callable[..., Env],
+) -> None:
+    """STORE-only batches keep the compiled applier when it is built (native store) and report
+    the same changes, in the same order, as the reference does (python store)."""
+    env = make_env(config=IndexConfig(quotas={T: TenantQuota(max_index_entries=2)}))
+    obs = env.index.observe()
+    data = batch.encode([
+        batch.Record(batch.STORE, batch.Route(T, M, S, "", "r1"), timestamp_us=10, tier=1,
+                     hashes=h(1) + h(2), tokens=[16, 32]),
+        batch.Record(batch.STATS, batch.Route(T, M, S, "", "r1"), timestamp_us=11,
+                     stats=Stats(hit_rate=0.5)),
+        batch.Record(batch.STORE, batch.Route(T, M, S, "", "r2"), timestamp_us=12, tier=1,
+                     hashes=h(3), tokens=[16]),
+    ])  # fmt: skip
+    env.index.apply_batch(data)
+    got = [(c.type, c.replica, list(c.each_hash()), c.timestamp_us) for c in _drain(obs)]
+    assert got[:3] == [
+        (PREFIX_ADDED, "r1", [h(1), h(2)], 10),
+        (REPLICA_UPDATED, "r1", [], 11),
+        (PREFIX_ADDED, "r2", [h(3)], 12),
+    ]
+    # quota 2: the key whose newest hold is oldest (h(1) or h(2), both at 10) goes
+    assert len(got) == 4 and got[3][:2] == (PREFIX_EVICTED, "r1")
+    assert got[3][2][0] in (h(1), h(2))

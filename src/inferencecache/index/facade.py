@@ -173,10 +173,7 @@ class Index:
         with self._lock:
             self._observe_begin(now)
             try:
-                if self._state.changes is None:
-                    self._batches.apply(data, now)
-                else:  # observed: the reference applier reports every change it makes
-                    batch.apply_reference(self._state, data, now)
+                self._batches.apply(data, now)  # reports its changes while observed
             finally:
                 self._observe_end()
                 self._state.finish()
