@@ -18,6 +18,7 @@ from inferencecache.index.changes import (
     Closed,
     Observer,
     Overflowed,
+    Replaced,
 )
 from inferencecache.index.model import Stats
 from inferencecache.index.settings import IndexSettings
@@ -122,3 +123,12 @@ def test_c13_1_store_batches_report_in_order_with_quota_evictions(
     # quota 2: the key whose newest hold is oldest (h(1) or h(2), both at 10) goes
     assert len(got) == 4 and got[3][:2] == (PREFIX_EVICTED, "r1")
     assert got[3][2][0] in (h(1), h(2))
+
+
+def test_c13_3_state_replaced_cuts_observers_off(env: Env) -> None:
+    obs = env.index.observe()
+    env.chain("r", [h(1)])
+    env.index.feed.state_replaced()  # what a snapshot load does (Index.replace_state)
+    with pytest.raises(Replaced):
+        obs.next_batch(0)
+    assert not env.index.feed.active

@@ -56,6 +56,11 @@ class Overflowed(Exception):
     """The observer fell further behind than its bound and was disconnected."""
 
 
+class Replaced(Exception):
+    """The index state was replaced wholesale (an event-log snapshot load): the changes since
+    the observer started no longer describe it; resync."""
+
+
 class Closed(Exception):
     """The observer was closed (server shutdown or the reader went away)."""
 
@@ -71,12 +76,13 @@ class Observer:
         self._cv = threading.Condition(threading.Lock())
         self._pending = 0
         self.overflowed = False
+        self.replaced = False
         self.closed = False
 
     def _offer(self, changes: Sequence[Change]) -> bool:
         """Called by the publisher; False when this put overflowed the observer."""
         with self._cv:
-            if self.closed or self.overflowed:
+            if self.closed or self.overflowed or self.replaced:
                 return False
             self._pending += len(changes)
             if self._pending > self._max:
@@ -92,10 +98,12 @@ class Observer:
         """The next change list in apply order; ``[]`` after ``timeout`` seconds with nothing.
         ``Overflowed`` / ``Closed`` when the observer was cut off."""
         with self._cv:
-            if not self._q and not self.overflowed and not self.closed:
+            if not self._q and not (self.overflowed or self.replaced or self.closed):
                 self._cv.wait(timeout)
             if self.overflowed:
                 raise Overflowed
+            if self.replaced:
+                raise Replaced
             if self.closed:
                 raise Closed
             if not self._q:
@@ -113,6 +121,13 @@ class Observer:
             self.closed = True
             self._cv.notify()
         self._feed.remove(self)
+
+    def _replace(self) -> None:
+        with self._cv:
+            self.replaced = True
+            self._q.clear()
+            self._pending = 0
+            self._cv.notify()
 
 
 class ChangeFeed:
@@ -148,6 +163,13 @@ class ChangeFeed:
                 if obs.overflowed:
                     self.overflows += 1
                 self.remove(obs)
+
+    def state_replaced(self) -> None:
+        """Cut every observer off with ``Replaced`` (the index state was swapped)."""
+        with self._lock:
+            observers, self._observers = self._observers, ()
+        for obs in observers:
+            obs._replace()
 
     def close_all(self) -> None:
         for obs in self._observers:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import msgspec
 
 from inferencecache import fingerprint
-from inferencecache.index.changes import Closed, Observer, Overflowed
+from inferencecache.index.changes import Closed, Observer, Overflowed, Replaced
 from inferencecache.index.facade import Index
 from inferencecache.index.model import PROBE_TENANT, EventType, LookupRequest, LookupResult
 from inferencecache.index.state import IndexState
@@ -82,7 +82,7 @@ class LiveView:
         while True:
             try:
                 batch = self._obs.next_batch(0)
-            except (Overflowed, Closed):
+            except (Overflowed, Replaced, Closed):
                 self._resyncs += 1
                 self._obs = self._index.observe(MAX_BACKLOG)
                 break

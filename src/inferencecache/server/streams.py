@@ -20,7 +20,14 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from inferencecache.index.changes import Change, Closed, Observer, Overflowed, matches
+from inferencecache.index.changes import (
+    Change,
+    Closed,
+    Observer,
+    Overflowed,
+    Replaced,
+    matches,
+)
 from inferencecache.index.model import PROBE_TENANT
 from inferencecache.metrics import LazyChildren
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -70,7 +77,8 @@ class StreamMetricsSet:
         self.disconnects = Counter(
             "inferencecache_server_stream_disconnects",
             "Streams the server ended or refused: overflow (an observer fell more than "
-            "--stream-max-backlog changes behind) or refused (--max-streams reached).",
+            "--stream-max-backlog changes behind), refused (--max-streams reached) or replaced "
+            "(the index state was swapped by a snapshot load).",
             ["method", "reason"],
             registry=registry,
         )
@@ -183,6 +191,14 @@ class Streams:
                     batch = obs.next_batch(_POLL_S)
                 except Closed:
                     return
+                except Replaced:
+                    self._disconnects(method, "replaced").inc()
+                    _abort(
+                        context,
+                        grpc.StatusCode.ABORTED,
+                        f"{method}: the index state was replaced (event-log snapshot); "
+                        "reconnect and resync with GetCacheState",
+                    )
                 except Overflowed:
                     self._disconnects(method, "overflow").inc()
                     log.warning(
