@@ -257,3 +257,20 @@ def test_c13_5_metrics_rounds_filtered_by_sample_or_family_name() -> None:
         assert (m.name, m.type, m.value) == ("inferencecache_lookup_route_calls_total",
                                              "counter", 1.0)  # fmt: skip
         assert m.labels["reason_code"] == "NO_HINT"
+
+
+def test_c13_1_many_observers_see_the_same_changes_in_the_same_order(srv: RunningServer) -> None:
+    readers = [_open(srv, pb.StreamEventsRequest(), observers=i + 1) for i in range(8)]
+    stub = srv.stub()
+    for i in range(5):
+        stub.ReportCacheState(iter([update(f"r{i}", [chain_entry(tokens(32, 100 * i))])]),
+                              timeout=10)  # fmt: skip
+    want = [(_E.PREFIX_ADDED, f"r{i}") for i in range(5) for _ in range(2)]
+    for r in readers:
+        assert [(e.type, e.replica_id) for e in r.wait(10)] == want
+    lookup = stub.LookupRoute(pb.LookupRouteRequest(tenant_id=TENANT, model_id=MODEL,
+                                                    hash_scheme="vllm",
+                                                    token_ids=tokens(32)), timeout=10)  # fmt: skip
+    assert lookup.reason_code == "PREFIX_MATCH"  # unary RPCs run beside 8 open streams
+    for r in readers:
+        r.stop()
