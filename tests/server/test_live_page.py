@@ -20,9 +20,11 @@ import pytest
 from inferencecache import fingerprint
 from inferencecache.procs import Children, free_port
 from inferencecache.server.testing import RunningServer, running_server
+from inferencecache.tokenize import load_tokenizer_dir
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 from tests.server.helpers import CONFIG, chain_entry, tokens, update, wait_for
+from tests.tokenize.tinytok import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "img" / "live-page.png"
@@ -194,3 +196,19 @@ def test_c13_6_live_page_in_headless_chromium(tmp_path: Path) -> None:
         finally:
             browser.quit()
             channel.close()
+
+
+def test_c13_6_lookup_box_text_goes_through_the_server_tokenizer(tmp_path: Path) -> None:
+    write_model(tmp_path, "org/tiny")
+    tokenizers = load_tokenizer_dir(tmp_path)
+    text = "the quick brown fox jumps over the lazy dog " * 6
+    toks = tokenizers.encode_chat("org/tiny", text)
+    with running_server(config=CONFIG, tokenizer=tokenizers) as s:
+        s.stub().ReportCacheState(iter([update("r1", [chain_entry(toks)], model="org/tiny")]),
+                                  timeout=10)  # fmt: skip
+        status, doc = _post(s.http_url + "/live/lookup",
+                            {"tenant": "t", "model": "org/tiny", "text": text})  # fmt: skip
+    assert status == 200 and doc["reason_code"] == "PREFIX_MATCH"
+    assert doc["tokenCount"] == len(toks)
+    assert len(doc["blocks"]) == len(toks) // 16
+    assert all(b["matchedBy"] == ["r1"] for b in doc["blocks"])
