@@ -288,7 +288,7 @@ def test_replicas_with_other_index_settings_are_flagged(redis_server: RedisServe
 def test_c13_1_log_applied_changes_reach_the_change_feed(redis_server: RedisServer) -> None:
     """A replica applying the log reports each applied change to its observers
     (contract-and-index.md §13.1), in log order; a snapshot-style state replacement cuts them
-    off (§13.3)."""
+    off (contract-and-index.md §13.3)."""
     from inferencecache.index.changes import PREFIX_ADDED, Replaced
 
     a, _ = node(redis_server.url)
