@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "proto" / "inferencecache" / "v1alpha1" / "inferencecache.proto"
 
 CLIENT = r"""
-import json, sys
+import json, sys, threading, time
 sys.path.insert(0, sys.argv[2])
 assert "inferencecache" not in sys.modules
 import grpc
@@ -34,6 +34,24 @@ assert pb.DESCRIPTOR.name == "thirdparty/ic_contract.proto"
 out = {}
 with grpc.insecure_channel(sys.argv[1]) as ch:
     stub = pb_grpc.InferenceCacheStub(ch)
+    # an observer of tenant t from the start (contract-and-index.md §13.1): a stats-only update
+    # of replica "w" until its REPLICA_UPDATED arrives tells that the stream is open
+    seen = []
+    ev_stream = stub.StreamCacheEvents(pb.StreamEventsRequest(tenant_id="t"), timeout=60)
+    def read():
+        try:
+            for e in ev_stream:
+                seen.append(e)
+        except grpc.RpcError:
+            pass
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    for _ in range(200):
+        stub.ReportCacheState(iter([pb.CacheStateUpdate(
+            replica_id="w", model_id="w", tenant_id="t", stats=pb.ReplicaStats())]), timeout=10)
+        if seen:
+            break
+        time.sleep(0.05)
     ack = stub.ReportCacheState(iter([]), timeout=10)
     out["ReportCacheState_empty"] = [ack.accepted, ack.reason_code]
     upd = pb.CacheStateUpdate(
@@ -61,10 +79,20 @@ with grpc.insecure_channel(sys.argv[1]) as ch:
     pd = stub.LookupPDRoute(pb.LookupPDRouteRequest(model_id="m"), timeout=10)
     out["LookupPDRoute"] = [pd.reason_code, pd.prefill_replica_id, pd.decode_replica_id,
                             pd.transport_hint]
-    ev_stream = stub.StreamCacheEvents(pb.StreamEventsRequest(model_id="m"), timeout=10)
-    out["StreamCacheEvents"] = [len(list(ev_stream)), ev_stream.code().name]
-    m_stream = stub.StreamMetrics(pb.StreamMetricsRequest(), timeout=10)
-    out["StreamMetrics"] = [len(list(m_stream)), m_stream.code().name]
+    for _ in range(200):
+        if len([e for e in seen if e.model_id == "m"]) >= 3:
+            break
+        time.sleep(0.05)
+    ev_stream.cancel()
+    reader.join(10)
+    out["StreamCacheEvents"] = [
+        [pb.CacheEvent.Type.Name(e.type), e.replica_id, e.prefix_hash.decode()]
+        for e in seen if e.model_id == "m"]
+    m_stream = stub.StreamMetrics(pb.StreamMetricsRequest(names=["inferencecache_server_up"]),
+                                  timeout=10)
+    m = next(m_stream)
+    m_stream.cancel()
+    out["StreamMetrics"] = [m.name, m.type, m.value, m.timestamp_us > 0]
 print(json.dumps(out))
 """
 
@@ -104,7 +132,7 @@ def srv() -> Iterator[RunningServer]:
         yield s
 
 
-def test_c10_02_to_05_independent_client_calls_every_rpc(
+def test_c10_02_to_05_and_c13_1_independent_client_calls_every_rpc(
     generated: Path, srv: RunningServer
 ) -> None:
     proc = subprocess.run(
@@ -126,6 +154,10 @@ def test_c10_02_to_05_independent_client_calls_every_rpc(
         "LookupRoute_after_evict": "NO_HINT",
         "RenderTemplate": ["OK", True],
         "LookupPDRoute": ["NO_HINT", "", "", ""],
-        "StreamCacheEvents": [0, "OK"],
-        "StreamMetrics": [0, "OK"],
+        "StreamCacheEvents": [
+            ["PREFIX_ADDED", "r1", "pppppppp"],
+            ["REPLICA_UPDATED", "r1", ""],
+            ["PREFIX_EVICTED", "r1", "pppppppp"],
+        ],
+        "StreamMetrics": ["inferencecache_server_up", "gauge", 1.0, True],
     }

@@ -283,3 +283,33 @@ def test_replicas_with_other_index_settings_are_flagged(redis_server: RedisServe
     finally:
         for n in (a, same, other):
             n.stop()
+
+
+def test_c13_1_log_applied_changes_reach_the_change_feed(redis_server: RedisServer) -> None:
+    """A replica applying the log reports each applied change to its observers
+    (contract-and-index.md §13.1), in log order; a snapshot-style state replacement cuts them
+    off (contract-and-index.md §13.3)."""
+    from inferencecache.index.changes import PREFIX_ADDED, Replaced
+
+    a, _ = node(redis_server.url)
+    b, idx_b = node(redis_server.url)
+    obs = idx_b.observe()
+    try:
+        futs = [a.submit(codec.KIND_UPDATE, update(f"r{i}", i * 10, 3)) for i in range(4)]
+        for f in futs:
+            f.result(10)
+        r = redis.Redis.from_url(redis_server.url)
+        assert b.follower.wait_for(int(r.get("{inferencecache}:seq") or 0), 10)
+        got = []
+        while batch := obs.next_batch(0):
+            got += [(c.type, c.replica, list(c.each_hash())) for c in batch]
+        assert got == [
+            (PREFIX_ADDED, f"r{i}", [(i * 10 + j).to_bytes(8, "big") for j in range(3)])
+            for i in range(4)
+        ]
+        idx_b.replace_state(None)
+        with pytest.raises(Replaced):
+            obs.next_batch(0)
+    finally:
+        a.stop()
+        b.stop()

@@ -84,16 +84,6 @@ def test_c10_02_stub_rpcs(srv: RunningServer) -> None:
     assert pd == pb.LookupPDRouteResponse(reason_code="NO_HINT")
 
 
-def test_c10_03_server_streams_end_at_once_with_ok(srv: RunningServer) -> None:
-    stub = srv.stub()
-    events = stub.StreamCacheEvents(pb.StreamEventsRequest(model_id=MODEL), timeout=10)
-    assert list(events) == []
-    assert events.code() == grpc.StatusCode.OK
-    metrics = stub.StreamMetrics(pb.StreamMetricsRequest(names=["x"]), timeout=10)
-    assert list(metrics) == []
-    assert metrics.code() == grpc.StatusCode.OK
-
-
 def test_c10_03_health_check_empty_service_is_serving(srv: RunningServer) -> None:
     health = health_pb2_grpc.HealthStub(srv.channel())  # type: ignore[no-untyped-call]
     resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)

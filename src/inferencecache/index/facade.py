@@ -14,6 +14,7 @@ from typing import NamedTuple, TypeVar, TypeVarTuple
 
 from inferencecache.index import apply, batch, eviction, persist
 from inferencecache.index.backends import default_store_factory
+from inferencecache.index.changes import DEFAULT_MAX_BACKLOG, ChangeFeed, Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
 from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
@@ -89,6 +90,31 @@ class Index:
         self._sysclock = type(self.clock) is SystemClock  # now_us() = time_ns() // 1000
         self._compiled_batches = _compiled_applier(self.store_factory)
         self._batches = batch.Applier(self._state, self._compiled_batches)
+        self.feed = ChangeFeed()
+
+    # -- change feed (index/changes.py) ---------------------------------------------------
+
+    def observe(self, max_backlog: int = DEFAULT_MAX_BACKLOG) -> Observer:
+        """A new observer of every change applied from now on, in apply order; ``close()`` it
+        when done. It is cut off (``Overflowed``) when it lags more than ``max_backlog``
+        changes behind."""
+        return self.feed.add(max_backlog)
+
+    def _observe_begin(self, now: int) -> None:
+        """Under the lock, before a mutation: collect its changes while anyone observes."""
+        if self.feed.active:
+            st = self._state
+            st.changes = []
+            st.change_now = now
+
+    def _observe_end(self) -> None:
+        """Under the lock, after a mutation: hand its changes to the observers."""
+        st = self._state
+        changes = st.changes
+        if changes is not None:
+            st.changes = None
+            if changes:
+                self.feed.publish(changes)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -133,6 +159,7 @@ class Index:
         now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
             st = self._state  # read under the lock: replace_state swaps it
+            self._observe_begin(now)
             try:
                 if apply.apply_update(st, update, now, allow_probe=allow_probe):
                     tenant = update.tenant_id
@@ -140,6 +167,7 @@ class Index:
                         eviction.enforce_quota(st, tenant)
                     eviction.enforce_cap(st)
             finally:
+                self._observe_end()
                 st.finish()
 
     def apply_batch(self, data: bytes, *, now_us: int | None = None) -> None:
@@ -151,9 +179,11 @@ class Index:
         if now_us is None:
             now_us = _time_ns() // 1000 if self._sysclock else self.clock.now_us()
         with self._lock:
+            self._observe_begin(now_us)
             try:
-                self._batches.apply(data, now_us)
+                self._batches.apply(data, now_us)  # reports its changes while observed
             finally:
+                self._observe_end()
                 self._state.finish()
 
     def apply_event(
@@ -165,9 +195,11 @@ class Index:
         now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
             st = self._state
+            self._observe_begin(now)
             try:
                 apply.apply_event(st, event, now, allow_probe=allow_probe)
             finally:
+                self._observe_end()
                 st.finish()
 
     def sweep(self, *, now_us: int | None = None) -> None:
@@ -176,9 +208,11 @@ class Index:
         now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
             st = self._state
+            self._observe_begin(now)
             try:
                 eviction.sweep(st, now)
             finally:
+                self._observe_end()
                 st.finish()
 
     # -- reads ----------------------------------------------------------------------------
@@ -265,6 +299,8 @@ class Index:
             # the batch applier caches partitions and replica ids of one state
             self._batches = batch.Applier(fresh, self._compiled_batches)
             fresh.finish()
+            # observers' changes no longer lead to this state: they must resync
+            self.feed.state_replaced()
 
     def verify(self) -> list[str]:
         """Recount every view from the holds (tests; O(holds))."""

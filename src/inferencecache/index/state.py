@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from inferencecache.index.changes import Change
 from inferencecache.index.keys import IdPool, Interner
 from inferencecache.index.metrics import IndexMetrics
 from inferencecache.index.model import PROBE_TENANT
@@ -130,6 +131,10 @@ class IndexState:
         self._dirty_models: set[str] = set()
         self.dropped: Counter[str] = Counter()
         self.cap_pool: CapPool | None = None  # next global-cap victims (eviction.CapPool)
+        # the change feed's list for the current operation, None while nobody observes
+        # (index/changes.py); ``change_now`` is that operation's clock for removals
+        self.changes: list[Change] | None = None
+        self.change_now = 0
 
     # -- partitions -----------------------------------------------------------------------
 

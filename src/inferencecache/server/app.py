@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import grpc
@@ -21,15 +21,19 @@ from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
 from inferencecache.eventlog import LogNode
+from inferencecache.index.changes import Observer
+from inferencecache.index.facade import Index
 from inferencecache.metrics import LazyChildren
 from inferencecache.server.auth import BearerAuth, LookupAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
+from inferencecache.server.live import LiveView
 from inferencecache.server.lookup_http import LookupHttpServer
 from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
 from inferencecache.server.sink import IngestSink, LogSink
+from inferencecache.server.streams import Streams, StreamSettings
 from inferencecache.web import ListenError, bind_tcp
 
 log = logging.getLogger("inferencecache.server")
@@ -39,6 +43,8 @@ HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 class Backend(ServiceBackend, AdminBackend, Protocol):
     def sweep(self) -> None: ...
+
+    def observe(self, max_backlog: int) -> Observer: ...
 
     def close(self) -> None: ...
 
@@ -69,6 +75,7 @@ class Server:
         grpc_workers: int = 256,
         log_node: LogNode | None = None,
         reuse_port: bool = False,
+        streams: StreamSettings | None = None,
     ) -> None:
         self.backend = backend
         self.log_node = log_node
@@ -86,6 +93,12 @@ class Server:
         self.admin_port: int | None = None
         self.lookup_http_port: int | None = None
         self.lookup = LookupPath(backend, metrics, LookupAuth())
+        ss = streams if streams is not None else StreamSettings()
+        # streams hold a worker each: never more than half the pool (server/streams.py)
+        ss = replace(ss, max_streams=max(1, min(ss.max_streams, grpc_workers // 2)))
+        self.streams = Streams(backend.observe, metrics.registry, ss)
+        index = getattr(backend, "index", None)
+        self.live = LiveView(index, self.lookup) if isinstance(index, Index) else None
         self._grpc: grpc.Server | None = None
         self._http: HttpServer | None = None
         self._lookup_http: LookupHttpServer | None = None
@@ -130,6 +143,7 @@ class Server:
             backend=self.backend,
             ready=self._is_ready,
             health=self.health_problem,
+            live=self.live,
         )
         public, admin = build_apps(cfg, separate_admin=admin_sock is not None)
         sites = [(public, http_sock)]
@@ -177,7 +191,9 @@ class Server:
                 ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ],
         )
-        service = InferenceCacheService(self.backend, self.metrics, self.lookup, self.sink)
+        service = InferenceCacheService(
+            self.backend, self.metrics, self.lookup, self.sink, self.streams
+        )
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -210,6 +226,8 @@ class Server:
         self._ready.set()  # ready once the sweeper has started (contract-and-index.md §6.2)
         sweeps = LazyChildren(self.metrics.sweeps)
         while not self._stop_sweeper.wait(self.sweep_interval):
+            if self.live is not None:
+                self.live.expire_if_idle()
             try:
                 self.backend.sweep()
                 sweeps("ok").inc()
@@ -243,6 +261,9 @@ class Server:
         self._ready.clear()
         if self._lookup_http is not None:
             self._lookup_http.stop(grace + 5.0)
+        if self.live is not None:
+            self.live.close()
+        self.streams.close()  # open streams end (OK) instead of holding the grace period
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 5.0)
         self._stop_sweeper.set()

@@ -13,6 +13,7 @@ import logging
 from inferencecache.eventlog import LogNode, LogUnavailable
 from inferencecache.eventlog.codec import KIND_POLICY
 from inferencecache.index.backends import store_factory
+from inferencecache.index.changes import Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
 from inferencecache.index.lookup_route import PromptTokenizer, Router
@@ -95,6 +96,10 @@ class IndexBackend:
 
     def sweep(self) -> None:
         self.index.sweep()
+
+    def observe(self, max_backlog: int) -> Observer:
+        """A change-feed observer (StreamCacheEvents, the live page)."""
+        return self.index.observe(max_backlog)
 
     # -- HTTP admin -------------------------------------------------------------------------------
 

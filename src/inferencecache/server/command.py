@@ -68,6 +68,7 @@ def run_server(
     )
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.server.streams import StreamSettings
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
     from inferencecache.web import ListenError
 
@@ -128,6 +129,11 @@ def run_server(
         grpc_workers=settings.grpc_workers,
         log_node=log_node,
         reuse_port=worker is not None,
+        streams=StreamSettings(
+            max_streams=settings.max_streams,
+            max_backlog=settings.stream_max_backlog,
+            metrics_interval=settings.stream_metrics_interval,
+        ),
     )
 
     stop = threading.Event()

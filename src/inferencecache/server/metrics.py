@@ -19,7 +19,7 @@ from inferencecache.supervise import drop_counter
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
 OVERFLOW_MODEL = "__other__"
-AUTH_ENDPOINTS = ("snapshot", "policy", "probe")
+AUTH_ENDPOINTS = ("snapshot", "policy", "probe", "live")
 
 
 class ServerMetrics:

@@ -44,6 +44,7 @@ from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.sink import DirectSink, IngestSink, LogUnavailable, safe_deserializer
+from inferencecache.server.streams import Aborted, Streams
 from inferencecache.supervise import Drops, RateLimitedLog
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
@@ -113,8 +114,10 @@ class InferenceCacheService:
         metrics: ServerMetrics,
         lookup: LookupPath | None = None,
         sink: IngestSink | None = None,
+        streams: Streams | None = None,
     ) -> None:
         self._backend = backend
+        self._streams = streams or Streams(getattr(backend, "observe", None), metrics.registry)
         self._metrics = metrics
         # where accepted ingest goes: the local index, or the event log (server/sink.py)
         self._sink: IngestSink = sink if sink is not None else DirectSink(backend)
@@ -138,15 +141,29 @@ class InferenceCacheService:
             self._bad_request("LookupPDRoute", context)
         return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
 
+    # -- streams (contract-and-index.md §13; server/streams.py) ----------------------------------
+
     def stream_cache_events(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamCacheEvents")
-        return iter(())
+        scope = self._stream_scope(request, context)
+        if scope is None:
+            return iter(())
+        return self._streams.cache_events(request, context, *scope)
+
+    def _stream_scope(self, request: Any, context: grpc.ServicerContext) -> tuple[str, str] | None:
+        """(tenant, model) an observer may see, or None for nothing (the probe tenant, as
+        GetCacheState answers it). Today every caller may read every tenant, as with
+        GetCacheState; an authorization check for GetCacheState belongs here too (empty
+        ``tenant_id`` = every tenant is then the privileged case)."""
+        if request.tenant_id == PROBE_TENANT:
+            return None
+        return str(request.tenant_id), str(request.model_id)
 
     def stream_metrics(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamMetrics")
-        return iter(())
+        return self._streams.metrics(request, context)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -301,7 +318,7 @@ class InferenceCacheService:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             try:
                 return fn(request, context)
-            except (_Rejected, grpc.RpcError):
+            except (_Rejected, Aborted, grpc.RpcError):
                 raise
             except Exception as e:
                 reason = self._drops.drop(method, e, peer=_peer(context))

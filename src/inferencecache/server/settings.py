@@ -129,6 +129,19 @@ class ServeSettings:
         help="gRPC worker threads. Each open ReportCacheState stream holds one for its "
         "lifetime, so keep this above the number of subscribers plus lookup concurrency.",
     )
+    max_streams: int = setting(
+        32,
+        help="Open StreamCacheEvents/StreamMetrics streams allowed at once (each holds a gRPC "
+        "worker; clamped to half of --grpc-workers); one more is refused RESOURCE_EXHAUSTED.",
+    )
+    stream_max_backlog: int = setting(
+        100_000,
+        help="Index changes a StreamCacheEvents observer may lag behind before it is "
+        "disconnected with RESOURCE_EXHAUSTED (it never slows ingest).",
+    )
+    stream_metrics_interval: float = setting(
+        5.0, param=DURATION, help="Period of StreamMetrics samples (the first one is at once)."
+    )
     shutdown_grace: float = setting(
         10.0,
         param=DURATION,
@@ -200,6 +213,12 @@ class ServeSettings:
             raise ValueError(f"--max-holds must be >= 0 (0 = unbounded), got {self.max_holds}")
         if self.grpc_workers < 1:
             raise ValueError(f"--grpc-workers must be >= 1, got {self.grpc_workers}")
+        if self.max_streams < 1:
+            raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
+        if self.stream_max_backlog < 1:
+            raise ValueError(f"--stream-max-backlog must be >= 1, got {self.stream_max_backlog}")
+        if not self.stream_metrics_interval > 0:
+            raise ValueError("--stream-metrics-interval must be > 0")
         if self.shutdown_grace < 0:
             raise ValueError("--shutdown-grace must be >= 0")
         if self.tenant_hot_max_age < 0:

@@ -22,6 +22,7 @@ from inferencecache.server.app import Listeners, Server
 from inferencecache.server.auth import BearerAuth
 from inferencecache.server.backend import IndexBackend
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.streams import StreamSettings
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
 LOOPBACK = "127.0.0.1"
@@ -75,6 +76,7 @@ def running_server(
     sweep_interval: float | None = None,
     grpc_workers: int = 32,
     lookup_http: bool = False,
+    streams: StreamSettings | None = None,
 ) -> Iterator[RunningServer]:
     metrics = ServerMetrics()
     backend = IndexBackend(
@@ -95,6 +97,7 @@ def running_server(
             sweep_interval if sweep_interval is not None else backend.index.settings.sweep_interval
         ),
         grpc_workers=grpc_workers,
+        streams=streams,
     )
     running = RunningServer(server, backend, metrics)
     try:
