@@ -26,6 +26,8 @@ from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, bui
 from inferencecache.server.lookup_http import LookupHttpServer
 from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
 from inferencecache.web import ListenError, bind_tcp
@@ -65,8 +67,12 @@ class Server:
         metrics: ServerMetrics,
         sweep_interval: float,
         grpc_workers: int = 256,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self.backend = backend
+        self.pd = pd
+        self.templates = templates
         self.listeners = listeners
         self.metrics = metrics
         self.auth = auth
@@ -158,7 +164,9 @@ class Server:
                 ("grpc.so_reuseport", 0),  # a second server on the same port must fail to bind
             ],
         )
-        service = InferenceCacheService(self.backend, self.metrics, self.lookup)
+        service = InferenceCacheService(
+            self.backend, self.metrics, self.lookup, pd=self.pd, templates=self.templates
+        )
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)

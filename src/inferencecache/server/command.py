@@ -43,6 +43,8 @@ def serve(settings: ServeSettings) -> int:
     # No *_created series on /metrics (process-wide switch; this process is the server).
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     # Imports after flag parsing keep `serve --help` and flag errors fast.
+    from inferencecache.config.reloading import ReloadingFile
+    from inferencecache.index.pd_topology import PDTopology, TopologyError, load_topology_file
     from inferencecache.index.tenant_config import IndexConfig, PolicyError, load_policy_file
     from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
@@ -53,6 +55,9 @@ def serve(settings: ServeSettings) -> int:
     )
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.server.pd_route import PDRoutes
+    from inferencecache.server.render_template import Templates
+    from inferencecache.templates.registry import TemplateDirError, TemplateRegistry
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
     from inferencecache.web import ListenError
 
@@ -78,6 +83,23 @@ def serve(settings: ServeSettings) -> int:
             raise click.UsageError(f"--policy-file: {e}") from e
 
     metrics = ServerMetrics()
+    topologies: ReloadingFile[dict[str, PDTopology]] | None = None
+    if settings.pd_topology_file:
+        try:
+            topologies = ReloadingFile(
+                settings.pd_topology_file,
+                load_topology_file,
+                kind="pd_topology",
+                reloads=metrics.config_reloads,
+            )
+        except TopologyError as e:
+            raise click.UsageError(f"--pd-topology-file: {e}") from e
+    registry: TemplateRegistry | None = None
+    if settings.template_dir:
+        try:
+            registry = TemplateRegistry(settings.template_dir, reloads=metrics.config_reloads)
+        except TemplateDirError as e:
+            raise click.UsageError(f"--template-dir: {e}") from e
     backend = IndexBackend(
         index_settings(settings),
         metrics,
@@ -108,6 +130,10 @@ def serve(settings: ServeSettings) -> int:
         metrics=metrics,
         sweep_interval=backend.index.settings.sweep_interval,
         grpc_workers=settings.grpc_workers,
+        pd=PDRoutes(backend.router, metrics, *([topologies.get] if topologies else [])),
+        templates=Templates(
+            registry, metrics, block_size=index.settings.engine_block_size, tokenizers=tokenizers
+        ),
     )
 
     stop = threading.Event()

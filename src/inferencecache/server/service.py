@@ -42,6 +42,8 @@ from inferencecache.server import lookup_wire
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
 from inferencecache.server.report_request import parse_event_request, parse_update_request
 from inferencecache.supervise import Drops, RateLimitedLog
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
@@ -118,7 +120,13 @@ class InferenceCacheService:
     """Method implementations; ``handlers()`` returns the grpcio registration."""
 
     def __init__(
-        self, backend: ServiceBackend, metrics: ServerMetrics, lookup: LookupPath | None = None
+        self,
+        backend: ServiceBackend,
+        metrics: ServerMetrics,
+        lookup: LookupPath | None = None,
+        *,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self._backend = backend
         self._metrics = metrics
@@ -129,18 +137,26 @@ class InferenceCacheService:
         self._drops = Drops(metrics.dropped_inputs, log)
         self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs, drops=self._drops)
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
+        self._pd = pd
+        self._templates = templates
 
-    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
+    # -- templates and P/D routes (contract-and-index.md §13, §14) --------------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "RenderTemplate")
-        return pb.RenderTemplateResponse(reason_code="OK")
+        if self._templates is None:
+            return pb.RenderTemplateResponse(reason_code="TEMPLATE_NOT_FOUND")
+        return self._templates.answer(request)
 
     def lookup_pd_route(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is lookup_wire.UNDECODABLE:
-            self._bad_request("LookupPDRoute", context)
-        return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        if request is lookup_wire.UNDECODABLE or self._pd is None:
+            if request is lookup_wire.UNDECODABLE:
+                self._bad_request("LookupPDRoute", context)
+            return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        return self._pd.answer(request)
+
+    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
 
     def stream_cache_events(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if request is lookup_wire.UNDECODABLE:
@@ -275,6 +291,10 @@ class InferenceCacheService:
                 if method == "LookupRoute":
                     return self._lookup.fail_open(getattr(request, "model_id", ""),
                                                   encode_response)  # fmt: skip
+                if method == "LookupPDRoute":  # fail-open too (contract-and-index.md §13.3)
+                    return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+                if method == "RenderTemplate":  # a reason code, never a crash (§14.4)
+                    return pb.RenderTemplateResponse(reason_code="RENDER_ERROR")
                 context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
 
         return call
