@@ -45,7 +45,7 @@ def stats(replica: str, pressure: float) -> pb.CacheStateUpdate:
 
 
 def pd(
-    s: RunningServer, ref: str = "pd1", prefix: bytes = LAST, **kw: str
+    s: RunningServer, ref: str = "pd1", *, prefix: bytes = LAST, **kw: str
 ) -> pb.LookupPDRouteResponse:
     req = pb.LookupPDRouteRequest(
         model_id=kw.get("model", MODEL),
