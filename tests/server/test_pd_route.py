@@ -45,11 +45,16 @@ def stats(replica: str, pressure: float) -> pb.CacheStateUpdate:
 
 
 def pd(
-    s: RunningServer, ref: str = "pd1", *, prefix: bytes = LAST, **kw: str
+    s: RunningServer,
+    ref: str = "pd1",
+    *,
+    prefix: bytes = LAST,
+    tenant: str = TENANT,
+    model: str = MODEL,
 ) -> pb.LookupPDRouteResponse:
     req = pb.LookupPDRouteRequest(
-        model_id=kw.get("model", MODEL),
-        tenant_id=kw.get("tenant", TENANT),
+        model_id=model,
+        tenant_id=tenant,
         prefix_hash=prefix,
         prefix_token_count=64,
         pd_topology_ref=ref,
@@ -161,8 +166,9 @@ def test_c5_14_05_decode_ties_break_by_replica_id(srv: RunningServer) -> None:
 
 def test_c5_14_06_probe_and_empty_keys_are_no_hint(srv: RunningServer) -> None:
     fleet(srv)
-    for kw in ({"tenant": PROBE_TENANT}, {"tenant": ""}, {"model": ""}):
-        assert pd(srv, **kw) == pb.LookupPDRouteResponse(reason_code="NO_HINT"), kw
+    for tenant, model in ((PROBE_TENANT, MODEL), ("", MODEL), (TENANT, "")):
+        r = pd(srv, tenant=tenant, model=model)
+        assert r == pb.LookupPDRouteResponse(reason_code="NO_HINT"), (tenant, model)
 
 
 def test_c5_14_06_no_topology_file_is_unknown_topology() -> None:
