@@ -118,21 +118,27 @@ def test_c5_14_03_unknown_topology(srv: RunningServer) -> None:
     assert pd(srv, ref="") == pb.LookupPDRouteResponse(reason_code="UNKNOWN_TOPOLOGY")
 
 
-def test_c5_14_04_no_prefill_hint_still_picks_decode(srv: RunningServer) -> None:
+def test_c5_14_04_no_prefill_hint_picks_both_by_load(srv: RunningServer) -> None:
     fleet(srv)
     novel = fingerprint.chain(tokens(32, start=1000), 16)[0][-1]
     for prefix in (novel, b""):
+        r = pd(srv, prefix=prefix)  # no prefill replica has reported stats: none is known live
+        assert (r.reason_code, r.prefill_replica_id, r.decode_replica_id, r.transport_hint) == (
+            "NO_PREFILL_REPLICA", "", "d1", "NIXL",
+        )  # fmt: skip
+    report(srv, stats("p0", 0.5), stats("p1", 0.1))
+    for prefix in (novel, b""):
         r = pd(srv, prefix=prefix)
         assert (r.reason_code, r.prefill_replica_id, r.decode_replica_id, r.transport_hint) == (
-            "NO_PREFILL_HINT", "", "d1", "NIXL",
+            "NO_PREFILL_HINT", "p1", "d1", "NIXL",
         )  # fmt: skip
 
 
 def test_c5_14_04_only_non_prefill_holders_is_no_prefill_hint(srv: RunningServer) -> None:
-    report(srv, update("d0", [chain_entry(PROMPT)]), stats("d1", 0.3))
+    report(srv, update("d0", [chain_entry(PROMPT)]), stats("d1", 0.3), stats("p0", 0.9))
     r = pd(srv)
     assert (r.reason_code, r.prefill_replica_id, r.decode_replica_id) == (
-        "NO_PREFILL_HINT", "", "d1",
+        "NO_PREFILL_HINT", "p0", "d1",
     )  # fmt: skip
 
 

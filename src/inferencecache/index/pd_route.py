@@ -21,7 +21,8 @@ class PDReason:
     """LookupPDRoute reason codes beyond LookupRoute's (contract-and-index.md §13.3)."""
 
     UNKNOWN_TOPOLOGY = "UNKNOWN_TOPOLOGY"
-    NO_PREFILL_HINT = "NO_PREFILL_HINT"
+    NO_PREFILL_HINT = "NO_PREFILL_HINT"  # no cache hint: the prefill replica is chosen by load
+    NO_PREFILL_REPLICA = "NO_PREFILL_REPLICA"
     NO_DECODE_REPLICA = "NO_DECODE_REPLICA"
 
 
@@ -51,18 +52,17 @@ def pd_route(router: Router, topology: PDTopology | None, req: PDRequest) -> PDR
         return PDResult(Reason.NO_HINT)
     if topology is None:
         return PDResult(PDReason.UNKNOWN_TOPOLOGY)
-    prefill, prefill_reason = _prefill(router, topology, req)
+    prefill, reason = _prefill(router, topology, req)
     index = router.index
     ttl_us = index.policy(req.tenant_id).ttl_us
-    decode = index.run_locked(
-        least_pressure, req.tenant_id, req.model_id, topology.decode, index.clock.now_us(), ttl_us
-    )
+    now_us = index.clock.now_us()
+    tenant, model = req.tenant_id, req.model_id
+    if not prefill:  # no cache hint: the least loaded live prefill replica
+        prefill = index.run_locked(least_pressure, tenant, model, topology.prefill, now_us, ttl_us)
+        reason = PDReason.NO_PREFILL_HINT if prefill else PDReason.NO_PREFILL_REPLICA
+    decode = index.run_locked(least_pressure, tenant, model, topology.decode, now_us, ttl_us)
     if not decode:
         reason = PDReason.NO_DECODE_REPLICA
-    elif not prefill:
-        reason = PDReason.NO_PREFILL_HINT
-    else:
-        reason = prefill_reason
     return PDResult(reason, prefill, decode, topology.transport)
 
 
