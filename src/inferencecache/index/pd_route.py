@@ -1,4 +1,4 @@
-"""LookupPDRoute (contract-and-index.md §13.2): a prefill replica chosen by cache score, a decode
+"""LookupPDRoute (contract-and-index.md §5.14): a prefill replica chosen by cache score, a decode
 replica chosen by load, within one named topology.
 
 The prefill choice is ``Router.lookup``'s own ranked answer restricted to the topology's prefill
@@ -18,7 +18,7 @@ from inferencecache.index.state import IndexState
 
 
 class PDReason:
-    """LookupPDRoute reason codes beyond LookupRoute's (contract-and-index.md §13.3)."""
+    """LookupPDRoute reason codes beyond LookupRoute's (contract-and-index.md §5.14)."""
 
     UNKNOWN_TOPOLOGY = "UNKNOWN_TOPOLOGY"
     NO_PREFILL_HINT = "NO_PREFILL_HINT"  # no cache hint: the prefill replica is chosen by load
@@ -47,7 +47,7 @@ class PDResult:
 
 
 def pd_route(router: Router, topology: PDTopology | None, req: PDRequest) -> PDResult:
-    """contract-and-index.md §13.2: never raises for a well-typed request."""
+    """contract-and-index.md §5.14: never raises for a well-typed request."""
     if req.tenant_id == PROBE_TENANT or not req.tenant_id or not req.model_id:
         return PDResult(Reason.NO_HINT)
     if topology is None:

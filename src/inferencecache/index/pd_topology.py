@@ -1,4 +1,4 @@
-"""Prefill/decode topologies (contract-and-index.md §13.1): the ``serve --pd-topology-file``
+"""Prefill/decode topologies (contract-and-index.md §5.14): the ``serve --pd-topology-file``
 format, YAML or JSON.
 
 A topology names which replicas prefill, which decode and which KV transport connects them. The

@@ -1,4 +1,4 @@
-"""The LookupPDRoute method body (contract-and-index.md §13): protobuf in, protobuf out, the
+"""The LookupPDRoute method body (contract-and-index.md §5.14): protobuf in, protobuf out, the
 decision in ``index.pd_route``. Fail-open like LookupRoute: every answer has status OK.
 """
 

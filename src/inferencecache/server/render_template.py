@@ -1,4 +1,4 @@
-"""The RenderTemplate method body (contract-and-index.md §14): find the tenant's template,
+"""The RenderTemplate method body (contract-and-index.md §5.15): find the tenant's template,
 render it, fingerprint its stable part. Never raises: a missing template is
 ``TEMPLATE_NOT_FOUND``, anything that goes wrong rendering is ``RENDER_ERROR``.
 """
@@ -76,7 +76,7 @@ class Templates:
         return pb.RenderTemplateResponse(reason_code=RENDER_ERROR)
 
     def stable_hash(self, template: Template) -> bytes:
-        """contract-and-index.md §14.3: the last chained block hash (8 bytes, big-endian) of
+        """contract-and-index.md §5.15: the last chained block hash (8 bytes, big-endian) of
         the stable part's tokens; empty when it is shorter than one block."""
         tokens = self.stable_tokens(template)
         hashes, _counts = fingerprint.chain(tokens, self._block)

@@ -140,7 +140,7 @@ class InferenceCacheService:
         self._pd = pd
         self._templates = templates
 
-    # -- templates and P/D routes (contract-and-index.md §13, §14) --------------------------------
+    # -- templates and P/D routes (contract-and-index.md §5.14, §5.15) --------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
@@ -291,9 +291,9 @@ class InferenceCacheService:
                 if method == "LookupRoute":
                     return self._lookup.fail_open(getattr(request, "model_id", ""),
                                                   encode_response)  # fmt: skip
-                if method == "LookupPDRoute":  # fail-open too (contract-and-index.md §13.3)
+                if method == "LookupPDRoute":  # fail-open too (contract-and-index.md §5.14)
                     return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
-                if method == "RenderTemplate":  # a reason code, never a crash (§14.4)
+                if method == "RenderTemplate":  # never a crash (contract-and-index.md §5.15)
                     return pb.RenderTemplateResponse(reason_code="RENDER_ERROR")
                 context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
 

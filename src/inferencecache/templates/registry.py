@@ -1,5 +1,5 @@
-"""Where templates live: ``<template-dir>/<tenant_id>/<template_ref>.j2`` (contract-and-index.md
-§14.1; ``tenant_id`` empty: ``<template-dir>/<template_ref>.j2``).
+"""Where templates live (contract-and-index.md §5.15): ``<template-dir>/<tenant_id>/<ref>.j2``,
+``<template-dir>/<ref>.j2`` for the empty tenant.
 
 A tenant sees only its own directory. Names are checked before they touch the file system, so
 a ref or tenant can never name a path outside the directory. A file is compiled on first use

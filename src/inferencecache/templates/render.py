@@ -1,4 +1,4 @@
-"""Sandboxed rendering of one prompt template (contract-and-index.md §14.2).
+"""Sandboxed rendering of one prompt template (contract-and-index.md §5.15).
 
 Templates are Jinja2 source rendered by ``ImmutableSandboxedEnvironment`` with no loader (so
 ``include``/``extends``/``import`` cannot read files), no attribute access except on Jinja's
