@@ -275,3 +275,16 @@ def test_c5_14_09_topology_file_reloads_and_keeps_last_good(tmp_path: Path) -> N
                 )
                 == 1.0
             )
+
+
+def test_c5_14_07_a_handler_exception_fails_open() -> None:
+    def broken() -> dict[str, PDTopology]:
+        raise RuntimeError("topology source broke")
+
+    with running_server(config=CONFIG, pd_topologies=broken) as s:
+        assert pd(s) == pb.LookupPDRouteResponse(reason_code="NO_HINT")
+        v = s.metrics.registry.get_sample_value(
+            "inferencecache_server_dropped_inputs_total",
+            {"loop": "LookupPDRoute", "reason": "internal"},
+        )
+    assert v == 1.0

@@ -178,3 +178,22 @@ def test_c5_15_07_reason_codes_are_counted(srv: RunningServer) -> None:
             "inferencecache_render_template_calls_total", {"reason_code": code}
         )
         assert v == 1.0, code
+
+
+def test_c5_15_07_a_handler_exception_is_render_error(
+    srv: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = srv.server.templates._registry  # type: ignore[union-attr]
+    assert registry is not None
+
+    def broken(tenant: str, ref: str) -> None:
+        raise RuntimeError("registry broke")
+
+    monkeypatch.setattr(registry, "get", broken)
+    r = render(srv, "support", question="q")
+    assert r == pb.RenderTemplateResponse(reason_code="RENDER_ERROR")
+    v = srv.metrics.registry.get_sample_value(
+        "inferencecache_server_dropped_inputs_total",
+        {"loop": "RenderTemplate", "reason": "internal"},
+    )
+    assert v == 1.0
