@@ -189,6 +189,17 @@ def test_bad_input_policy_file_names_the_field(tmp_path: Path) -> None:
         (["--max-holds", "-1"], "--max-holds"),
         (["--log-level", "loud"], "--log-level"),
         (["--store-backend", "redis"], "--store-backend"),
+        (["--workers", "2"], "--workers"),
+        (["--snapshot-dir", "/tmp/x"], "--snapshot-dir"),
+        (["--event-log", "http://127.0.0.1:6379"], "--event-log"),
+        (["--event-log", "redis://127.0.0.1:6379/x"], "--event-log"),
+        (["--event-log", "redis://127.0.0.1:6379", "--workers", "0"], "--workers"),
+        (["--event-log", "redis://127.0.0.1:6379", "--max-replica-lag", "0"],
+         "--max-replica-lag"),
+        (["--event-log", "redis://127.0.0.1:6379", "--event-log-key", "a{b}"],
+         "--event-log-key"),
+        (["--event-log", "redis://127.0.0.1:6379", "--event-log-password-file",
+          "/nonexistent/pw"], "/nonexistent/pw"),
     ],
 )
 def test_bad_input_startup_errors_exit_2_with_one_line(extra: list[str], needle: str) -> None:

@@ -27,7 +27,7 @@ from aiohttp import web
 from inferencecache import fingerprint
 from inferencecache.gateway.engines import EnginePool
 from inferencecache.gateway.errors import ApiError
-from inferencecache.gateway.hints import HintClient, Hints, HttpHintClient
+from inferencecache.gateway.hints import HintClient, Hints, HttpHintClient, ReplicaHintClient
 from inferencecache.gateway.metrics import GatewayMetrics
 from inferencecache.gateway.oracle import query_oracle
 from inferencecache.gateway.pd import PDClient, decode_body, prefill_body, run_prefill
@@ -203,11 +203,17 @@ class Gateway:
             static_adapters=s.adapter_bases,
         )
         if self.policy.needs_hint:
-            self._hints = (
-                HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme, s.block_size)
-                if s.lookup_url
-                else HintClient(str(s.server), s.lookup_timeout, s.hash_scheme, s.block_size)
-            )
+            # one hint source: an in-process event-log replica, else the HTTP lookup
+            # listener, else gRPC (docs/gateway.md, "Where hints come from")
+            if s.event_log:
+                self._hints = ReplicaHintClient(s.event_log, s.event_log_key, s.hash_scheme,
+                                                s.block_size)
+            elif s.lookup_url:
+                self._hints = HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme,
+                                             s.block_size)
+            else:
+                self._hints = HintClient(str(s.server), s.lookup_timeout, s.hash_scheme,
+                                         s.block_size)
             await asyncio.gather(self._hints.start(connect_wait=1.0), self._pool.start())
         else:
             await self._pool.start()

@@ -257,6 +257,10 @@ class IndexState:
             del self.stats[tm]
         return True
 
+    def mark_models_dirty(self, models: dict[str, int] | set[str]) -> None:
+        """Have ``finish`` re-set the ``index_entries`` gauge of these models (a state swap)."""
+        self._dirty_models.update(models)
+
     # -- end of an operation --------------------------------------------------------------
 
     def finish(self) -> None:

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
+from inferencecache.eventlog import LogNode
 from inferencecache.metrics import LazyChildren
 from inferencecache.server.auth import BearerAuth, LookupAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
@@ -30,6 +31,7 @@ from inferencecache.server.pd_route import PDRoutes
 from inferencecache.server.render_template import Templates
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
+from inferencecache.server.sink import IngestSink, LogSink
 from inferencecache.web import ListenError, bind_tcp
 
 log = logging.getLogger("inferencecache.server")
@@ -67,10 +69,16 @@ class Server:
         metrics: ServerMetrics,
         sweep_interval: float,
         grpc_workers: int = 256,
+        log_node: LogNode | None = None,
+        reuse_port: bool = False,
         pd: PDRoutes | None = None,
         templates: Templates | None = None,
     ) -> None:
         self.backend = backend
+        self.log_node = log_node
+        # with the event log, ingest is appended and the follower applies it (server/sink.py)
+        self.sink: IngestSink | None = LogSink(log_node) if log_node is not None else None
+        self.reuse_port = reuse_port
         self.pd = pd
         self.templates = templates
         self.listeners = listeners
@@ -98,8 +106,11 @@ class Server:
         """Bind every listener (``ListenError`` on failure), then start serving.
 
         ``/readyz`` turns 200 once the sweeper runs; tests pass ``start_sweeper=False`` to see
-        the not-ready state and call ``start_sweeper()`` later.
+        the not-ready state and call ``start_sweeper()`` later. With the event log the replica
+        first loads its newest snapshot, and ``/readyz`` also waits until it has caught up.
         """
+        if self.log_node is not None:
+            self.log_node.start()
         http_sock = bind_tcp("--http-address", self.listeners.http)
         admin_sock = lookup_sock = None
         try:
@@ -123,7 +134,7 @@ class Server:
             metrics=self.metrics,
             auth=self.auth,
             backend=self.backend,
-            ready=self._ready.is_set,
+            ready=self._is_ready,
             health=self.health_problem,
         )
         public, admin = build_apps(cfg, separate_admin=admin_sock is not None)
@@ -149,8 +160,14 @@ class Server:
         if start_sweeper:
             self.start_sweeper()
 
+    def _is_ready(self) -> bool:
+        return self._ready.is_set() and (self.log_node is None or self.log_node.ready)
+
     def start_sweeper(self) -> None:
         if self._sweeper is not None or self._stopped.is_set():
+            return
+        if self.log_node is not None:  # the log drives the sweeps (eventlog.applier)
+            self._ready.set()
             return
         self._sweeper = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
         self._sweeper.start()
@@ -161,12 +178,15 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),  # a second server on the same port must fail to bind
+                # a second server on the same port must fail to bind, except the workers of
+                # `serve --workers N`, which share it on purpose
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ],
         )
         service = InferenceCacheService(
-            self.backend, self.metrics, self.lookup, pd=self.pd, templates=self.templates
-        )
+            self.backend, self.metrics, self.lookup, self.sink, pd=self.pd,
+            templates=self.templates,
+        )  # fmt: skip
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -178,7 +198,7 @@ class Server:
         )
         # Every other health service name answers NOT_FOUND (HealthServicer's default).
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.listeners.grpc.port != 0:
+        if self.listeners.grpc.port != 0 and not self.reuse_port:
             # Probe the address with a plain socket first: a precise one-line error (errno)
             # instead of grpc core's log line plus a generic RuntimeError.
             bind_tcp("--grpc-address", self.listeners.grpc).close()
@@ -208,7 +228,7 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self._is_ready()
 
     def health_problem(self) -> str | None:
         """``None`` while serving normally, else why ``/healthz`` answers 503: the sweeper
@@ -216,6 +236,10 @@ class Server:
         sweeper = self._sweeper
         if sweeper is not None and not sweeper.is_alive() and not self._stopped.is_set():
             return "degraded: the TTL sweeper thread ended"
+        node = self.log_node
+        if node is not None and self._ready.is_set() and not node.follower.alive \
+                and not self._stopped.is_set():
+            return "degraded: the event-log follower thread ended"
         return None
 
     def stop(self, grace: float = 10.0) -> None:
@@ -235,4 +259,6 @@ class Server:
             self._sweeper.join(5.0)
         if self._http is not None:
             self._http.stop(grace + 5.0)
+        if self.log_node is not None:
+            self.log_node.stop()
         self.backend.close()

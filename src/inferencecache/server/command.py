@@ -11,9 +11,10 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
-from typing import Final
+from typing import Any, Final
 
 import click
 
@@ -42,7 +43,21 @@ def serve(settings: ServeSettings) -> int:
 
     # No *_created series on /metrics (process-wide switch; this process is the server).
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    # Imports after flag parsing keep `serve --help` and flag errors fast.
+    if settings.workers > 1:
+        from inferencecache.server.workers import run_workers
+
+        return int(run_workers(settings))
+    return run_server(settings)
+
+
+def run_server(
+    settings: ServeSettings,
+    *,
+    worker: int | None = None,
+    on_started: Callable[[int], None] | None = None,
+) -> int:
+    """One server process (``worker``: its index under ``serve --workers N``; ``on_started``
+    gets the bound HTTP port once serving)."""
     from inferencecache.config.reloading import ReloadingFile
     from inferencecache.index.pd_topology import PDTopology, TopologyError, load_topology_file
     from inferencecache.index.tenant_config import IndexConfig, PolicyError, load_policy_file
@@ -108,6 +123,9 @@ def serve(settings: ServeSettings) -> int:
         store_backend=settings.store_backend,
     )
     index = backend.index
+    log_node = None
+    if settings.event_log:
+        log_node = _log_node(settings, backend, metrics, worker)
 
     def holds() -> int:
         counts = index.counts()
@@ -130,6 +148,8 @@ def serve(settings: ServeSettings) -> int:
         metrics=metrics,
         sweep_interval=backend.index.settings.sweep_interval,
         grpc_workers=settings.grpc_workers,
+        log_node=log_node,
+        reuse_port=worker is not None,
         pd=PDRoutes(backend.router, metrics, *([topologies.get] if topologies else [])),
         templates=Templates(
             registry, metrics, block_size=index.settings.engine_block_size, tokenizers=tokenizers
@@ -170,8 +190,12 @@ def serve(settings: ServeSettings) -> int:
                 "store_backend": settings.store_backend,
                 "policies": len(config.policies),
                 "quotas": len(config.quotas),
+                "event_log": log_node.log.describe() if log_node is not None else None,
+                "worker": worker,
             },
         )
+        if on_started is not None:
+            on_started(server.http_port)
         while not stop.wait(1.0):
             pass
         log.info("shutting down", extra={"signal": received[0] if received else ""})
@@ -182,3 +206,35 @@ def serve(settings: ServeSettings) -> int:
             signal.signal(s, handler)
         server.stop(0)
     return 0
+
+
+def _log_node(
+    settings: ServeSettings, backend: Any, metrics: Any, worker: int | None
+) -> Any:
+    """The event-log side of this replica (``--event-log``); its metrics on the server's
+    registry. Only worker 0 (or the only process) writes snapshots into ``--snapshot-dir``."""
+    from inferencecache.eventlog import EventLogConfig, EventLogMetrics, LogNode
+
+    password = None
+    if settings.event_log_password_file:
+        try:
+            with open(settings.event_log_password_file, encoding="utf-8") as f:
+                password = f.read().strip()
+        except OSError as e:
+            raise click.UsageError(
+                f"--event-log-password-file {settings.event_log_password_file}: "
+                f"{e.strerror or e}"
+            ) from e
+    config = EventLogConfig(
+        settings.event_log,
+        password=password,
+        key_prefix=settings.event_log_key,
+        retention=settings.event_log_retention,
+        snapshot_dir=settings.snapshot_dir,
+        snapshot_interval=settings.snapshot_interval,
+        max_replica_lag=settings.max_replica_lag,
+        write_snapshots=worker in (None, 0),
+    )
+    node = LogNode(backend.index, config, EventLogMetrics(metrics.registry))
+    backend.log_node = node
+    return node

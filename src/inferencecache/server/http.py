@@ -19,6 +19,7 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from inferencecache.eventlog import LogUnavailable
 from inferencecache.metrics import LazyChildren, metrics_response
 from inferencecache.server.auth import OK, BearerAuth
 from inferencecache.server.metrics import ServerMetrics
@@ -124,7 +125,10 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
         if isinstance(body, web.Response):
             return body
         loop = asyncio.get_running_loop()
-        err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
+        try:
+            err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
+        except LogUnavailable:
+            return _text(503, "event log unavailable; retry later\n")
         if err is not None:
             rejected(request, "policy", "invalid", err.strip())
             return _text(400, err.rstrip("\n") + "\n")

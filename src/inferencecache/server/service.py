@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import grpc
@@ -44,7 +45,7 @@ from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.server.pd_route import PDRoutes
 from inferencecache.server.render_template import Templates
-from inferencecache.server.report_request import parse_event_request, parse_update_request
+from inferencecache.server.sink import DirectSink, IngestSink, LogUnavailable, safe_deserializer
 from inferencecache.supervise import Drops, RateLimitedLog
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
@@ -52,6 +53,7 @@ log = logging.getLogger("inferencecache.server")
 
 SERVICE_NAME = "inferencecache.v1alpha1.InferenceCache"
 _NO_DEADLINE = 1e9  # grpcio reports "no deadline" as ~9.2e18 seconds remaining
+_APPEND_WAIT = 10.0  # longest wait for the event log to take an ingest message (s)
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -104,18 +106,6 @@ class ServiceBackend(Protocol):
     def cache_state(self, tenant_id: str, model_id: str) -> CacheStateView: ...
 
 
-def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
-    parse = message_cls.FromString
-
-    def deserialize(buf: bytes) -> Any:
-        try:
-            return parse(buf)
-        except Exception:
-            return lookup_wire.UNDECODABLE
-
-    return deserialize
-
-
 class InferenceCacheService:
     """Method implementations; ``handlers()`` returns the grpcio registration."""
 
@@ -124,12 +114,15 @@ class InferenceCacheService:
         backend: ServiceBackend,
         metrics: ServerMetrics,
         lookup: LookupPath | None = None,
+        sink: IngestSink | None = None,
         *,
         pd: PDRoutes | None = None,
         templates: Templates | None = None,
     ) -> None:
         self._backend = backend
         self._metrics = metrics
+        # where accepted ingest goes: the local index, or the event log (server/sink.py)
+        self._sink: IngestSink = sink if sink is not None else DirectSink(backend)
         self._undecodable = LazyChildren(metrics.undecodable)
         self._ingested = LazyChildren(metrics.ingest_messages)
         self._stream_errors = LazyChildren(metrics.stream_errors)
@@ -225,32 +218,67 @@ class InferenceCacheService:
                 self._stream_errors("cancelled").inc()
 
         context.add_callback(on_termination)
-        for msg in request_iterator:
-            if msg is lookup_wire.UNDECODABLE:
-                ended.append("undecodable")
-                self._stream_errors("undecodable").inc()
-                self._reject(context, "ReportCacheState")
-            self._apply(msg, "update")
+        pending: list[Future[None]] = []
+        try:
+            for msg in request_iterator:
+                if msg is lookup_wire.UNDECODABLE:
+                    ended.append("undecodable")
+                    self._stream_errors("undecodable").inc()
+                    self._reject(context, "ReportCacheState")
+                fut = self._apply(msg, "update")
+                if fut is not None:
+                    pending.append(fut)
+            self._settle(pending, "update", context)
+        except LogUnavailable:
+            ended.append("unavailable")
+            self._unavailable(context)
         ended.append("ok")
         return pb.Ack(accepted=True)
 
     def publish_event(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "PublishEvent")
-        self._apply(request, "event")
+        try:
+            fut = self._apply(request, "event")
+            if fut is not None:
+                self._settle([fut], "event", context)
+        except LogUnavailable:
+            self._unavailable(context)
         return pb.Ack(accepted=True)
 
-    def _apply(self, msg: Any, kind: str) -> None:
-        """Apply one update or event. An exception inside the index (a bug, never bad input the
-        contract allows) skips that message, is counted and logged (rate-limited); the stream
-        goes on, so a producer is not pushed into a resend loop by one poisoned message."""
+    def _settle(
+        self, pending: list[Future[None]], kind: str, context: grpc.ServicerContext
+    ) -> None:
+        """Wait until the event log holds every message (``LogUnavailable`` if it failed)."""
+        if not pending:
+            return
+        remaining = context.time_remaining()
+        timeout = _APPEND_WAIT if remaining is None else max(0.0, min(remaining, _APPEND_WAIT))
+        for fut in pending:
+            try:
+                fut.result(timeout)
+            except LogUnavailable:
+                raise
+            except Exception as e:  # the wait timed out: the outcome is unknown, resend
+                raise LogUnavailable("event log did not answer in time") from e
+        self._ingested(kind).inc(len(pending))
+
+    def _unavailable(self, context: grpc.ServicerContext) -> None:
         try:
-            if type(msg) is bytes:  # an ICB1 batch of the request deserializer
-                self._backend.apply_batch(msg)
-            elif kind == "update":  # already translated by the request deserializer
-                self._backend.apply_update(msg)
-            else:
-                self._backend.apply_event(msg)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "event log unavailable; retry later")
+        except Exception as e:  # grpcio's abort raises a bare Exception
+            raise _Rejected from e
+
+    def _apply(self, msg: Any, kind: str) -> Future[None] | None:
+        """Hand one update or event to the sink: applied now (None), or a Future for its
+        append to the event log (``LogUnavailable`` propagates: the RPC answers UNAVAILABLE).
+        An exception inside the index (a bug, never bad input the contract allows) skips that
+        message, is counted and logged (rate-limited); the stream goes on, so a producer is not
+        pushed into a resend loop by one poisoned message."""
+        try:
+            fut = self._sink.accept(kind, msg)  # already translated by the deserializer
+        except LogUnavailable:
+            raise
         except Exception as e:
             self._ingest_errors(kind).inc()
             self._drops.drop(
@@ -258,8 +286,10 @@ class InferenceCacheService:
                 e,
                 replica_id=getattr(msg, "replica_id", ""),
             )
-            return
-        self._ingested(kind).inc()
+            return None
+        if fut is None:
+            self._ingested(kind).inc()
+        return fut
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -304,7 +334,7 @@ class InferenceCacheService:
         unary = grpc.unary_unary_rpc_method_handler
         stream_in = grpc.stream_unary_rpc_method_handler
         stream_out = grpc.unary_stream_rpc_method_handler
-        safe = _safe_deserializer
+        safe = safe_deserializer
         # LookupRoute and ReportCacheState have their own wire parsers (lookup_wire.py,
         # report_request.py); lookup_route returns the response bytes itself.
         table: dict[str, tuple[Any, Callable[..., Any], Callable[[bytes], Any]]] = {
@@ -312,8 +342,9 @@ class InferenceCacheService:
             "LookupRoute": (unary, self.lookup_route, lookup_wire.parse_lookup_request),
             "LookupPDRoute": (unary, self.lookup_pd_route, safe(pb.LookupPDRouteRequest)),
             "GetCacheState": (unary, self.get_cache_state, safe(pb.GetCacheStateRequest)),
-            "ReportCacheState": (stream_in, self.report_cache_state, parse_update_request),
-            "PublishEvent": (unary, self.publish_event, parse_event_request),
+            "ReportCacheState": (stream_in, self.report_cache_state,
+                                 self._sink.update_deserializer()),
+            "PublishEvent": (unary, self.publish_event, self._sink.event_deserializer()),
             "StreamCacheEvents": (stream_out, self.stream_cache_events,
                                   safe(pb.StreamEventsRequest)),
             "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),
