@@ -197,6 +197,7 @@ def test_c5_14_gateway_pd_mode_prefills_on_cache_best_and_decodes_on_least_loade
     assert headers["X-Cache-Route-Prefill-Replica"] == "p1"
     assert headers["X-Cache-Route-Replica"] == "d1"
     assert headers["X-Cache-Route-Transport"] == "NIXL"
+    assert "X-Cache-Route-Hint-Us" not in headers  # no LookupRoute on the P/D path
     assert body["usage"]["completion_tokens"] == 3  # the decode answer, not the 1-token prefill
     # the handoff really happened, between exactly these two engines
     assert kv_transfers(fleet.engines["p1"]) == {("producer", ""): 1.0}
@@ -214,3 +215,4 @@ def test_c5_14_gateway_pd_unknown_topology_falls_back_to_one_engine(fleet: Fleet
     assert headers["X-Cache-Route-PD-Reason"] == "UNKNOWN_TOPOLOGY"
     assert "X-Cache-Route-Prefill-Replica" not in headers
     assert headers["X-Cache-Route-Replica"] in ROLES
+    assert "X-Cache-Route-Hint-Us" in headers  # the fallback routes with the policy's hint

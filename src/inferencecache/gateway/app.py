@@ -371,11 +371,15 @@ class Gateway:
         req = _Request(endpoint, body, model, route, started, headers)
         if ids is not None:
             req.extra[H_PROMPT_TOKENS] = str(len(ids))
-        if self.policy.needs_hint:
-            route.hint = await self._hint(route)
-            if route.hint.reason_code in _TIMED_HINT_CODES:
-                req.extra[H_HINT_US] = str(round(route.hint.latency_s * 1e6))
+        if self.policy.needs_hint and self._pd is None:  # P/D mode asks only when it falls back
+            await self._ask_hint(req)
         return req
+
+    async def _ask_hint(self, req: _Request) -> None:
+        route = req.route
+        route.hint = await self._hint(route)
+        if route.hint.reason_code in _TIMED_HINT_CODES:
+            req.extra[H_HINT_US] = str(round(route.hint.latency_s * 1e6))
 
     async def _hint(self, route: RouteInput) -> Hint:
         if not route.chain or self._hints is None:
@@ -497,6 +501,8 @@ class Gateway:
                 req.body = original
                 del req.extra[H_PREFILL], req.extra[H_TRANSPORT]
         self.metrics.pd_requests(outcome).inc()
+        if self.policy.needs_hint:
+            await self._ask_hint(req)
         return await self._dispatch(request, req)
 
     def _route_headers(self, req: _Request, decision: Decision) -> dict[str, str]:
