@@ -1,6 +1,7 @@
 """An independent client: its own copy of the ``.proto``, compiled under another import root into
 a throwaway package, drives all 8 RPCs of the real server from a separate process
-(contract-and-index.md §10 items 2-5; issue "Done when": any v1alpha1 client works unchanged).
+(contract-and-index.md §10 items 2-5, §5.14, §5.15; issue "Done when": any v1alpha1 client
+works unchanged).
 
 The copy registers a different file name (``thirdparty/ic_contract.proto``) with the same package,
 so it cannot share a process with our generated stubs; the client runs in a subprocess that never
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from inferencecache.index.pd_topology import PDTopology
 from inferencecache.server.testing import RunningServer, running_server
 from tests.server.helpers import CONFIG
 
@@ -65,6 +67,11 @@ with grpc.insecure_channel(sys.argv[1]) as ch:
         model_id="m", tenant_id="t", hash_scheme="vllm", prefix_hash=b"p" * 8), timeout=10)
     out["LookupRoute"] = [r.reason_code, [(s.replica_id, s.matched_tokens, s.tier)
                                           for s in r.replica_scores]]
+    pd = stub.LookupPDRoute(pb.LookupPDRouteRequest(
+        model_id="m", tenant_id="t", prefix_hash=b"p" * 8, prefix_token_count=128,
+        pd_topology_ref="pd"), timeout=10)
+    out["LookupPDRoute_hit"] = [pd.reason_code, pd.prefill_replica_id, pd.decode_replica_id,
+                                pd.transport_hint]
     g = stub.GetCacheState(pb.GetCacheStateRequest(model_id="m", tenant_id="t"), timeout=10)
     out["GetCacheState"] = [[x.replica_id for x in g.replicas], g.summary.total_prefixes]
     ev = stub.PublishEvent(pb.CacheEvent(
@@ -75,7 +82,14 @@ with grpc.insecure_channel(sys.argv[1]) as ch:
         model_id="m", tenant_id="t", hash_scheme="vllm", prefix_hash=b"p" * 8), timeout=10)
     out["LookupRoute_after_evict"] = r.reason_code
     rt = stub.RenderTemplate(pb.RenderTemplateRequest(template_ref="x"), timeout=10)
-    out["RenderTemplate"] = [rt.reason_code, rt.ByteSize() == len(b"\x22\x02OK")]
+    out["RenderTemplate"] = [rt.reason_code, rt.rendered_prompt.decode()]
+    rt = stub.RenderTemplate(pb.RenderTemplateRequest(
+        template_ref="greet", tenant_id="t", variables={"name": "Ada"}), timeout=10)
+    out["RenderTemplate_ok"] = [rt.reason_code, rt.rendered_prompt.decode(),
+                                len(rt.stable_prefix_hash), rt.tenant_namespace.decode()]
+    rt = stub.RenderTemplate(pb.RenderTemplateRequest(
+        template_ref="greet", tenant_id="t"), timeout=10)
+    out["RenderTemplate_error"] = rt.reason_code
     pd = stub.LookupPDRoute(pb.LookupPDRouteRequest(model_id="m"), timeout=10)
     out["LookupPDRoute"] = [pd.reason_code, pd.prefill_replica_id, pd.decode_replica_id,
                             pd.transport_hint]
@@ -126,9 +140,17 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return gen
 
 
+GREETING = "You are the assistant of the independent client test. Greet the user: "
+TOPOLOGY = PDTopology(name="pd", transport="Direct", prefill=("r1",), decode=("r1",))
+
+
 @pytest.fixture
-def srv() -> Iterator[RunningServer]:
-    with running_server(config=CONFIG) as s:
+def srv(tmp_path: Path) -> Iterator[RunningServer]:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "greet.j2").write_text(GREETING + "{{ name }}", encoding="utf-8")
+    with running_server(
+        config=CONFIG, template_dir=tmp_path, pd_topologies={"pd": TOPOLOGY}
+    ) as s:
         yield s
 
 
@@ -152,7 +174,10 @@ def test_c10_02_to_05_and_c13_1_independent_client_calls_every_rpc(
         "GetCacheState": [["r1"], 1],
         "PublishEvent": [True, ""],
         "LookupRoute_after_evict": "NO_HINT",
-        "RenderTemplate": ["OK", True],
+        "LookupPDRoute_hit": ["PREFIX_MATCH", "r1", "r1", "Direct"],
+        "RenderTemplate": ["TEMPLATE_NOT_FOUND", ""],
+        "RenderTemplate_ok": ["OK", GREETING + "Ada", 8, "t"],
+        "RenderTemplate_error": "RENDER_ERROR",
         "LookupPDRoute": ["NO_HINT", "", "", ""],
         "StreamCacheEvents": [
             ["PREFIX_ADDED", "r1", "pppppppp"],

@@ -129,6 +129,13 @@ class GatewaySettings:
         '"balance_abs_threshold=0" turns it off).',
         metavar="K=V,...",
     )
+    pd_topology: str = setting(
+        "",
+        help="P/D mode: the server's prefill/decode topology to route in (LookupPDRoute); each "
+        "request is prefilled on its prefill replica and decoded on its decode replica with "
+        "vLLM's kv_transfer_params (docs/gateway.md). Empty: off.",
+        metavar="NAME",
+    )
     tenant_header: str = setting("X-Tenant-Id", help="Request header naming the tenant.")
     tenant_id: str = setting("default", help="Tenant when the header is absent or empty.")
     hash_scheme: str = setting("vllm", help="Hash scheme of the fingerprint chain.")

@@ -30,6 +30,8 @@ from inferencecache.server.live import LiveView
 from inferencecache.server.lookup_http import LookupHttpServer
 from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
 from inferencecache.server.sink import IngestSink, LogSink
@@ -76,12 +78,16 @@ class Server:
         log_node: LogNode | None = None,
         reuse_port: bool = False,
         streams: StreamSettings | None = None,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self.backend = backend
         self.log_node = log_node
         # with the event log, ingest is appended and the follower applies it (server/sink.py)
         self.sink: IngestSink | None = LogSink(log_node) if log_node is not None else None
         self.reuse_port = reuse_port
+        self.pd = pd
+        self.templates = templates
         self.listeners = listeners
         self.metrics = metrics
         self.auth = auth
@@ -192,8 +198,9 @@ class Server:
             ],
         )
         service = InferenceCacheService(
-            self.backend, self.metrics, self.lookup, self.sink, self.streams
-        )
+            self.backend, self.metrics, self.lookup, self.sink, streams=self.streams, pd=self.pd,
+            templates=self.templates,
+        )  # fmt: skip
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)

@@ -58,6 +58,8 @@ def run_server(
 ) -> int:
     """One server process (``worker``: its index under ``serve --workers N``; ``on_started``
     gets the bound HTTP port once serving)."""
+    from inferencecache.config.reloading import ReloadingFile
+    from inferencecache.index.pd_topology import PDTopology, TopologyError, load_topology_file
     from inferencecache.index.tenant_config import IndexConfig, PolicyError, load_policy_file
     from inferencecache.server.app import Listeners, Server
     from inferencecache.server.auth import (
@@ -68,7 +70,10 @@ def run_server(
     )
     from inferencecache.server.backend import IndexBackend, index_settings
     from inferencecache.server.metrics import ServerMetrics
+    from inferencecache.server.pd_route import PDRoutes
+    from inferencecache.server.render_template import Templates
     from inferencecache.server.streams import StreamSettings
+    from inferencecache.templates.registry import TemplateDirError, TemplateRegistry
     from inferencecache.tokenize import TokenizerLoadError, TokenizerSet, load_tokenizer_dir
     from inferencecache.web import ListenError
 
@@ -94,6 +99,23 @@ def run_server(
             raise click.UsageError(f"--policy-file: {e}") from e
 
     metrics = ServerMetrics()
+    topologies: ReloadingFile[dict[str, PDTopology]] | None = None
+    if settings.pd_topology_file:
+        try:
+            topologies = ReloadingFile(
+                settings.pd_topology_file,
+                load_topology_file,
+                kind="pd_topology",
+                reloads=metrics.config_reloads,
+            )
+        except TopologyError as e:
+            raise click.UsageError(f"--pd-topology-file: {e}") from e
+    registry: TemplateRegistry | None = None
+    if settings.template_dir:
+        try:
+            registry = TemplateRegistry(settings.template_dir, reloads=metrics.config_reloads)
+        except TemplateDirError as e:
+            raise click.UsageError(f"--template-dir: {e}") from e
     backend = IndexBackend(
         index_settings(settings),
         metrics,
@@ -133,6 +155,10 @@ def run_server(
             max_streams=settings.max_streams,
             max_backlog=settings.stream_max_backlog,
             metrics_interval=settings.stream_metrics_interval,
+        ),
+        pd=PDRoutes(backend.router, metrics, *([topologies.get] if topologies else [])),
+        templates=Templates(
+            registry, metrics, block_size=index.settings.engine_block_size, tokenizers=tokenizers
         ),
     )
 

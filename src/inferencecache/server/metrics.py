@@ -116,6 +116,25 @@ class ServerMetrics:
         )
         # requests whose handling raised unexpectedly, by gRPC method (or "http") and reason
         self.dropped_inputs = drop_counter("inferencecache_server_", r)
+        self.config_reloads = Counter(
+            "inferencecache_server_config_reloads",
+            "Re-reads of a changed --pd-topology-file or --template-dir file, by file kind and "
+            "result (error: the last good version stays in use).",
+            ["file", "result"],
+            registry=r,
+        )
+        self.pd_route_calls = Counter(
+            "inferencecache_pd_route_calls",
+            "LookupPDRoute calls by reason_code.",
+            ["reason_code"],
+            registry=r,
+        )
+        self.render_template_calls = Counter(
+            "inferencecache_render_template_calls",
+            "RenderTemplate calls by reason_code.",
+            ["reason_code"],
+            registry=r,
+        )
         self.sweeps = Counter(
             "inferencecache_server_sweeps", "TTL sweeps run (and failed).", ["result"], registry=r
         )

@@ -43,6 +43,8 @@ from inferencecache.server import lookup_wire
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
 from inferencecache.server.sink import DirectSink, IngestSink, LogUnavailable, safe_deserializer
 from inferencecache.server.streams import Aborted, Streams
 from inferencecache.supervise import Drops, RateLimitedLog
@@ -115,6 +117,9 @@ class InferenceCacheService:
         lookup: LookupPath | None = None,
         sink: IngestSink | None = None,
         streams: Streams | None = None,
+        *,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self._backend = backend
         self._streams = streams or Streams(getattr(backend, "observe", None), metrics.registry)
@@ -128,18 +133,24 @@ class InferenceCacheService:
         self._drops = Drops(metrics.dropped_inputs, log)
         self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs, drops=self._drops)
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
+        self._pd = pd
+        self._templates = templates
 
-    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
+    # -- templates and P/D routes (contract-and-index.md §5.14, §5.15) --------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "RenderTemplate")
-        return pb.RenderTemplateResponse(reason_code="OK")
+        if self._templates is None:
+            return pb.RenderTemplateResponse(reason_code="TEMPLATE_NOT_FOUND")
+        return self._templates.answer(request)
 
     def lookup_pd_route(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is lookup_wire.UNDECODABLE:
-            self._bad_request("LookupPDRoute", context)
-        return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        if request is lookup_wire.UNDECODABLE or self._pd is None:
+            if request is lookup_wire.UNDECODABLE:
+                self._bad_request("LookupPDRoute", context)
+            return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        return self._pd.answer(request)
 
     # -- streams (contract-and-index.md §13; server/streams.py) ----------------------------------
 
@@ -325,6 +336,10 @@ class InferenceCacheService:
                 if method == "LookupRoute":
                     return self._lookup.fail_open(getattr(request, "model_id", ""),
                                                   encode_response)  # fmt: skip
+                if method == "LookupPDRoute":  # fail-open too (contract-and-index.md §5.14)
+                    return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+                if method == "RenderTemplate":  # never a crash (contract-and-index.md §5.15)
+                    return pb.RenderTemplateResponse(reason_code="RENDER_ERROR")
                 context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
 
         return call

@@ -90,6 +90,18 @@ class ServeSettings:
     policy_file: str = setting(
         "", help="Per-tenant policies and quotas (YAML or JSON), read at startup.", metavar="PATH"
     )
+    pd_topology_file: str = setting(
+        "",
+        help="Prefill/decode topologies for LookupPDRoute (YAML or JSON); re-read when the "
+        "file changes (an invalid new version keeps the last good one).",
+        metavar="PATH",
+    )
+    template_dir: str = setting(
+        "",
+        help="Prompt templates for RenderTemplate: <DIR>/<tenant_id>/<name>.j2, each re-read "
+        "when it changes; unset: every template is TEMPLATE_NOT_FOUND.",
+        metavar="DIR",
+    )
     block_size: int = setting(
         16,
         help="Tokens per fingerprint block (ENGINE_BLOCK_SIZE); must equal the engines', "
