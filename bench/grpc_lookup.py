@@ -9,9 +9,10 @@ concurrency 1 and 8 for two request shapes that both answer PREFIX_MATCH over 51
 - ``chain``: 512 block hashes + 512 counts (what a gateway that fingerprints sends),
 - ``tokens``: 8192 ``token_ids`` (Llama-3-sized vocabulary; the server fingerprints them),
 
-plus a trivial unary RPC (``RenderTemplate``, a stub) in the same run as the transport floor, so
-ratios survive a noisy machine. The client is h2load (Debian ``nghttp2-client``; C, per-request
-log) with a prebuilt gRPC-framed body, or a Python grpc client process when h2load is missing.
+plus a trivial unary RPC (``RenderTemplate`` without ``--template-dir``) in the same run as the
+transport floor, so ratios survive a noisy machine. The client is h2load (Debian
+``nghttp2-client``; C, per-request log) with a prebuilt gRPC-framed body, or a Python grpc client
+process when h2load is missing.
 ``run(quick)`` returns the figures as a dict for bench/run.py.
 """
 
@@ -380,7 +381,7 @@ def run(quick: bool, client: str | None = None) -> dict[str, Any]:
         ).SerializeToString(),
         "trivial": pb.RenderTemplateRequest().SerializeToString(),
     }
-    # the same stub with a request as large as the chain's: what the bytes cost the transport
+    # the same trivial RPC with a request as large as the chain's: what the bytes cost the transport
     bodies["sized"] = pb.RenderTemplateRequest(
         template_ref="x" * (len(bodies["chain"]) - 3)).SerializeToString()
     methods = {"chain": "LookupRoute", "tokens": "LookupRoute", "trivial": "RenderTemplate",

@@ -11,6 +11,8 @@ Sections (each is another script's ``run(quick)``; nothing is measured twice):
 - ``gateway``     bench/gateway.py: what the reference gateway adds, its hint round trip
 - ``e2e_ingest``  bench/e2e_ingest.py: fake engine → subscriber → server, blocks/s
 - ``refresh``     bench/refresh.py: CPU of keeping live holds alive (subscriber and server)
+- ``log``         bench/eventlog.py: the shared event log (ingest through it, lag, start-up,
+                  ``--workers``), each against a baseline of the same run
 
 ``--quick`` fits in 10 minutes on 2 cores. ``--smoke`` (CI) is tiny and checks correctness only
 (both sides' answers against the oracle), never timing; the other sections are only imported.
@@ -42,7 +44,7 @@ from typing import Any
 from bench import common
 
 SECTIONS = ("vs_dynamo", "service", "fingerprint", "index", "grpc_lookup", "gateway",
-            "e2e_ingest", "refresh")
+            "e2e_ingest", "refresh", "log")
 MODULES = {
     "vs_dynamo": "bench.vs_dynamo",
     "service": "bench.vs_dynamo_service",
@@ -52,6 +54,7 @@ MODULES = {
     "gateway": "bench.gateway",
     "e2e_ingest": "bench.e2e_ingest",
     "refresh": "bench.refresh",
+    "log": "bench.eventlog",
 }
 
 # key -> (comparison, target, unit, what it is)
@@ -83,6 +86,11 @@ TARGETS: dict[str, tuple[str, float, str, str]] = {
     "fingerprint_us_8k": ("<=", 20.0, "µs", "8192 tokens → 512-hash chain"),
     "refresh_server_cpu_pct_100_engines": ("<=", 2.0, "%",
                                            "refresh of 100 engines × 20k blocks, server core"),
+    "log_ingest_ratio_1": (">=", 0.5, "×", "blocks/s through the event log ÷ direct e2e ingest"),
+    "log_lag_p99_ms": ("<=", 50.0, "ms", "event log append → visible on a replica, p99"),
+    "log_startup_snapshot_s": ("<=", 3.0, "s", "replica ready from a snapshot of 1M holds"),
+    "log_lookup_workers_ratio": (">=", 1.4, "×",
+                                 "LookupRoute req/s, 32 callers, --workers 2 ÷ 1"),
 }
 REQUIRED_KEYS = tuple(TARGETS)
 

@@ -32,7 +32,8 @@ probe answers. Then:
   fingerprints) over gRPC; also the token form on both (``POST /query`` with ``token_ids`` vs
   ``LookupRoute`` with ``token_ids``). The ratio is the median over (round, query) pairs.
   Transport floors in the same run: an empty ``/query_by_hash`` vs a trivial unary RPC
-  (``RenderTemplate``, a stub) — ``service_*_floor_p50_us``.
+  (``RenderTemplate`` on a server without ``--template-dir``: ``TEMPLATE_NOT_FOUND`` at once)
+  — ``service_*_floor_p50_us``.
   Without h2load a minimal Python client process does the same for both.
 - **answers**: every query is also asked once through a Python client and compared with the
   oracle (both sides must be right).

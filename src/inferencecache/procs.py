@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -304,3 +305,80 @@ class Children:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+class RedisServer:
+    """A private ``redis-server`` on 127.0.0.1 (tests and benchmarks of the event log).
+
+    Append-only persistence in ``directory`` (so ``restart()`` keeps the stream), no RDB
+    snapshots; stopped by its own PID. ``appendonly=False`` models a Redis that comes back
+    empty."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        port: int = 0,
+        appendonly: bool = True,
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.password = password
+        self.extra_args = list(extra_args)  # e.g. --tls-port and its files
+        self.popen: subprocess.Popen[Any] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise ChildFailed("redis-server is not installed (apt-get install -y redis-server)")
+        self.popen = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--dir", self.directory,
+             "--protected-mode", "no", "--loglevel", "warning",
+             *(["--requirepass", self.password] if self.password else []),
+             *self.extra_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    reply = s.recv(64)
+                    if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH"):
+                        return self
+            except OSError:
+                pass
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ChildFailed(f"redis-server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (Redis flushes its append-only file and exits), SIGKILL after ``timeout``."""
+        if self.popen is not None:
+            stop_process(self.popen, timeout)
+            self.popen = None
+
+    def kill(self) -> None:
+        if self.popen is not None:
+            kill_process(self.popen)
+            self.popen.wait(10)
+            self.popen = None
+
+    def restart(self) -> RedisServer:
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from inferencecache.client.command import parse_token_list
+from inferencecache.index.pd_topology import PDTopology
 from inferencecache.procs import run_cli
 from inferencecache.server.testing import RunningServer, running_server
 from inferencecache.tokenize import load_tokenizer_dir
+from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from tests.server.helpers import CONFIG, MODEL, TENANT, chain_entry, one_shot, tokens, update
 from tests.tokenize.tinytok import write_model
 
@@ -51,6 +53,23 @@ def test_lookup_tokens_prints_the_response_as_json(srv: RunningServer) -> None:
         "lookup_latency_us",
         "token_ids",
         "adapter_id",
+    }
+
+
+def test_c5_14_lookup_pd_topology_asks_lookup_pd_route() -> None:
+    topo = PDTopology("pd", "Mooncake", prefill=("r1",), decode=("r2",))
+    with running_server(config=CONFIG, pd_topologies={"pd": topo}) as s:
+        s.stub().ReportCacheState(one_shot(update("r1", [chain_entry(TOKS)])), timeout=10)
+        s.stub().ReportCacheState(
+            one_shot(update("r2", stats=pb.ReplicaStats(replica_id="r2", pressure=0.5))),
+            timeout=10,
+        )
+        doc = lookup(s, "--tokens", ",".join(map(str, TOKS)), "--pd-topology", "pd")
+    assert doc == {
+        "prefill_replica_id": "r1",
+        "decode_replica_id": "r2",
+        "transport_hint": "Mooncake",
+        "reason_code": "PREFIX_MATCH",
     }
 
 
@@ -164,6 +183,8 @@ def one_line(stderr: str) -> str:
         (["--tokens", "1", "--timeout", "fast"], "--timeout"),
         (["--tokens", "1", "--server", "nohost"], "--server"),
         (["--tokens", "1", "--bogus"], "--bogus"),
+        (["--text", "hi", "--pd-topology", "pd"], "--pd-topology"),
+        (["--tokens", "1", "--pd-topology", "pd", "--lookup-url", "http://h:1"], "--pd-topology"),
     ],
 )
 def test_bad_input_lookup_usage_errors_exit_2(args: list[str], needle: str) -> None:

@@ -19,7 +19,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KUSTOMIZATIONS = ("base", "overlays/example", "overlays/tls", "observability", "doctor")
+KUSTOMIZATIONS = ("base", "overlays/example", "overlays/event-log", "overlays/tls", "observability",
+                  "doctor")
 INFERENCECACHE_IMAGE = re.compile(r"(^|/)inferencecache(:|@|$)")
 FIELD_VALUES = {"metadata.name": "vllm-0", "metadata.namespace": "inferencecache"}
 

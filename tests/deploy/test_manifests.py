@@ -261,3 +261,33 @@ def test_the_doctor_job_points_at_every_part_of_the_example_fleet(
     server = find(example, "Deployment", "inferencecache-server")["spec"]["template"]["spec"]
     token_mount = next(m["mountPath"] for m in server["containers"][0]["volumeMounts"])
     assert d.admin_token_file.startswith(token_mount + "/")
+
+
+def test_event_log_overlay_runs_replicas_on_the_shared_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """deploy/overlays/event-log: N server replicas with --event-log pointing at the overlay's
+    Redis Service, snapshots on a mounted path, /readyz as readiness (caught up), and only the
+    server pods admitted to Redis."""
+    objs = render("overlays/event-log")
+    dep = find(objs, "Deployment", "inferencecache-server")
+    assert dep["spec"]["replicas"] >= 2
+    server = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "server")
+    sub, s = container_settings(objs, server, monkeypatch)
+    assert sub == "serve"
+    host = s.event_log.split("//", 1)[1].split(":", 1)[0]
+    redis_svc = find(objs, "Service", host)
+    assert redis_svc["spec"]["ports"][0]["port"] == int(s.event_log.rsplit(":", 1)[1].split("/")[0])
+    mounts = [m["mountPath"] for m in server["volumeMounts"]]
+    assert any(s.snapshot_dir.startswith(m) for m in mounts)
+    probe = server["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/readyz" and "grpc" not in probe
+    sts = find(objs, "StatefulSet", "inferencecache-redis")
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels_match(redis_svc["spec"]["selector"], pod_labels)
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    policy = find(objs, "NetworkPolicy", "inferencecache-redis")
+    peers = [p["podSelector"]["matchLabels"] for rule in policy["spec"]["ingress"]
+             for p in rule["from"]]
+    assert all(labels_match(p, dep["spec"]["template"]["metadata"]["labels"]) for p in peers)

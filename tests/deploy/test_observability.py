@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +22,7 @@ import grpc
 import pytest
 import yaml
 
-from inferencecache.procs import Child, Children, free_port
+from inferencecache.procs import Child, Children, RedisServer, free_port
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 from tests.deploy.manifests import DEPLOY
@@ -84,16 +85,28 @@ class Stack:
     server: Child | None = None
     grpc: str = ""
     urls: dict[str, str] = field(default_factory=dict)  # part -> host:port of its /metrics
+    redis: RedisServer | None = None
+    tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def close(self) -> None:
-        self.children.stop_all()
+        try:
+            self.children.stop_all()
+        finally:
+            if self.redis is not None:
+                self.redis.stop()
+            if self.tmp is not None:
+                self.tmp.cleanup()
 
 
 def start_stack() -> Stack:
+    """Server (on the shared event log, so its metrics are exported too), subscriber, gateway."""
     s = Stack()
     try:
+        s.tmp = tempfile.TemporaryDirectory(prefix="obs-redis-")
+        s.redis = RedisServer(s.tmp.name).start()
         s.server = s.children.start("serve", "--grpc-address", "127.0.0.1:0", "--http-address",
-                                    "127.0.0.1:0", "--max-holds", "1000")  # fmt: skip
+                                    "127.0.0.1:0", "--max-holds", "1000",
+                                    "--event-log", s.redis.url)  # fmt: skip
         rec = s.server.wait_log("serving", timeout=30)
         s.grpc, s.urls["server"] = rec["grpc_address"], rec["http_address"]
         engine = s.children.start("fake-engine", "--mode", "script", "--script", "-", "--bind",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,35 @@ def test_settings_split_and_check_urls() -> None:
         DoctorSettings(gateways="http://a:1?x=1")
     assert DoctorSettings(admin_url="http://admin:8081/").admin_base == "http://admin:8081"
     assert DoctorSettings().admin_base == "http://127.0.0.1:8080"
+
+
+def test_event_log_lag_per_worker() -> None:
+    """doctor's "event log" line: each worker's position and lag; one behind fails it."""
+    from types import SimpleNamespace
+
+    from inferencecache.doctor.checks import FAIL, event_log
+
+    page = """# TYPE inferencecache_eventlog_replica_applied_sequence gauge
+inferencecache_eventlog_replica_applied_sequence{worker="0"} 120.0
+inferencecache_eventlog_replica_applied_sequence{worker="1"} 90.0
+# TYPE inferencecache_eventlog_replica_lag_entries gauge
+inferencecache_eventlog_replica_lag_entries{worker="0"} 0.0
+inferencecache_eventlog_replica_lag_entries{worker="1"} 30.0
+# TYPE inferencecache_eventlog_replica_lag_seconds gauge
+inferencecache_eventlog_replica_lag_seconds{worker="0"} 0.0
+inferencecache_eventlog_replica_lag_seconds{worker="1"} 42.5
+# TYPE inferencecache_eventlog_replica_ready gauge
+inferencecache_eventlog_replica_ready{worker="0"} 1.0
+inferencecache_eventlog_replica_ready{worker="1"} 1.0
+"""
+    facts: Any = SimpleNamespace(server=SimpleNamespace(metrics=Metrics.parse(page)))
+    (v,) = event_log(facts)
+    assert v.status == FAIL and "worker 1" in v.detail and "worker 0" in v.detail
+    assert "42.5s" in v.detail
+    caught_up = page.replace("42.5", "0.5")
+    facts.server.metrics = Metrics.parse(caught_up)
+    (v,) = event_log(facts)
+    assert v.status == PASS
+    facts.server.metrics = Metrics.parse("# TYPE inferencecache_server_up gauge\n"
+                                         "inferencecache_server_up 1.0\n")
+    assert list(event_log(facts)) == []  # no line without --event-log

@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from inferencecache import fingerprint
-from inferencecache.procs import Child, Children, free_port, run_cli
+from inferencecache.procs import Child, Children, RedisServer, free_port, run_cli
 from inferencecache.server.testing import running_server
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
@@ -132,10 +132,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     token = tmp / "token"
     token.write_text(TOKEN + "\n")
     s.token_file = str(token)
+    redis_dir = tmp / "redis"
+    redis_dir.mkdir()
+    redis_srv = RedisServer(str(redis_dir)).start()  # the server runs on the event log
     try:
         rec = s.start(
             "serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
             "--block-size", str(BLOCK), "--admin-token-file", s.token_file,
+            "--event-log", redis_srv.url,
         ).wait_log("serving", timeout=30)
         s.grpc, s.http = rec["grpc_address"], rec["http_address"]
         ready = s.engine()
@@ -151,7 +155,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             wait_indexed(s.grpc, tokens, "" if model == MODEL else ADAPTER)
         yield s
     finally:
-        s.children.stop_all()
+        try:
+            s.children.stop_all()
+        finally:
+            redis_srv.stop()
 
 
 def doctor(*args: str) -> tuple[int, dict[str, str], str]:
@@ -173,7 +180,8 @@ def test_healthy_stack_passes_every_check(stack: Stack) -> None:
     code, verdicts, out = doctor(*stack.args())
     assert code == 0, out
     assert set(verdicts.values()) == {"PASS"}, out
-    for check in ("server reachable", "server healthy", "versions", "block size", "hash scheme",
+    for check in ("server reachable", "server healthy", "event log", "versions", "block size",
+                  "hash scheme",
                   f"subscriber r0 ({stack.subscriber})", f"engine http://{stack.engine_http}",
                   f"engine events {stack.engine_endpoint}", "events flowing r0",
                   "LoRA adapters", f"gateway {stack.gateway}", "probe tenant"):
@@ -284,7 +292,9 @@ def test_hash_scheme_mismatch_fails_hash_scheme(stack: Stack) -> None:
 
 def test_subscriber_on_a_wrong_endpoint_fails_events_flowing(stack: Stack) -> None:
     nowhere = f"tcp://127.0.0.1:{free_port()}"
-    url = stack.subscribe("r-dead", endpoint=nowhere)
+    # no stats report during the test either (its first comes one interval after the start; a
+    # report would make the replica's row fresh, which events flowing accepts)
+    url = stack.subscribe("r-dead", "--stats-interval", "1h", endpoint=nowhere)
     code, verdicts, out = doctor(*stack.args(), "--subscribers", f"{stack.subscriber},{url}")
     assert code == 1, out
     assert verdicts[f"subscriber r-dead ({url})"] == "FAIL", out

@@ -93,6 +93,23 @@ def test_demo_writes_the_results_and_leaves_no_process(tmp_path: Path) -> None:
     assert wait_gone(marker) == []
 
 
+def test_demo_on_the_event_log_adds_the_in_process_replica_row(tmp_path: Path) -> None:
+    """``demo --event-log``: the server on a private redis-server's log, and cache_aware once
+    through gRPC and once from a replica inside the gateway; Redis is stopped with the rest."""
+    proc, marker = demo(tmp_path, *SMALL, "--policies", "cache_aware", "--event-log")
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        stop(proc, marker)
+    assert proc.returncode == 0, out[-3000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert list(doc["policies"]) == ["cache_aware", "cache_aware (in-process replica)"]
+    for s in doc["policies"].values():
+        assert 0 < s["requests"] <= 24
+        assert s["hint_overhead_p50_ms"] > 0
+    assert wait_gone(marker) == []  # redis-server too
+
+
 def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
     proc, marker = demo(tmp_path, *SMALL, "--requests", "400", "--policies", "round_robin")
     try:

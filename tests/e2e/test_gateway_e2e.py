@@ -132,7 +132,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "--engine-metrics-url", f"http://{ready['http_address']}/metrics",
                 "--stats-interval", "1s",
             )
-            sub.wait_log("metrics listening", timeout=30)
+            # events the engine publishes before the SUB socket connected are lost (ZeroMQ)
+            sub.wait_log("connected to the engine", timeout=30)
         yield c
     finally:
         c.close()

@@ -299,3 +299,43 @@ def test_text_prompts_are_tokenized_exactly_like_the_gateway(tmp_path: Any) -> N
             "matched_tokens": len(ids) // B * B}
     finally:
         proc.stop()
+
+
+KV_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_kv_role_handoff_params_and_misrouted_handoffs(role: str) -> None:
+    """``--kv-role``: a prefill for a remote decode answers with the NIXL-style params the
+    decode side needs; a decode with remote prefill params counts its peer; each role refuses
+    the other side's handoff (400), and serves plain requests locally."""
+    proc, _endpoint, http = start("--kv-role", role, "--prefill-ms-per-token", "0.01")
+    try:
+        prompt = list(range(100, 100 + 3 * B))
+        assert completion(http, prompt, max_tokens=2)[0] == 200  # plain: served locally
+        status, body = completion(http, prompt, max_tokens=1, stream=False,
+                                  kv_transfer_params=KV_PREFILL)  # fmt: skip
+        pulled = {"do_remote_prefill": True, "do_remote_decode": False,
+                  "remote_engine_id": "peer-1", "remote_block_ids": [0, 1, 2],
+                  "remote_host": "127.0.0.1", "remote_port": 1}  # fmt: skip
+        status2, body2 = completion(http, prompt, max_tokens=2, kv_transfer_params=pulled)
+        page = get(http, "/metrics")
+        if role == "prefill":
+            assert status == 200
+            kv = body["kv_transfer_params"]
+            assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+            assert kv["remote_block_ids"] == [0, 1, 2]
+            assert (kv["remote_host"], str(kv["remote_port"])) == tuple(http.rsplit(":", 1))
+            assert isinstance(kv["remote_engine_id"], str) and kv["remote_engine_id"]
+            assert status2 == 400 and "only prefills" in json.dumps(body2)
+            assert 'inferencecache_engine_kv_transfers_total{peer="",side="producer"} 1.0' in page
+        else:
+            assert status == 400 and "only decodes" in json.dumps(body)
+            assert status2 == 200 and "kv_transfer_params" not in body2
+            assert ('inferencecache_engine_kv_transfers_total{peer="peer-1",side="consumer"} 1.0'
+                    in page)  # fmt: skip
+        bad = completion(http, prompt, max_tokens=1, kv_transfer_params=[1])
+        assert bad[0] == 400
+    finally:
+        proc.stop()

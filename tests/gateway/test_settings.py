@@ -106,3 +106,12 @@ def test_lookup_url_must_be_an_http_base_url(url: str) -> None:
     with pytest.raises(ValueError, match="--lookup-url"):
         GatewaySettings(engines="r0=http://127.0.0.1:1", lookup_url=url)
     assert GatewaySettings(engines="r0=http://127.0.0.1:1", lookup_url="http://h:1").lookup_url
+
+
+def test_lookup_url_and_event_log_are_exclusive() -> None:
+    """One hint source per gateway: both given is a configuration error, not a silent pick."""
+    with pytest.raises(ValueError, match="--lookup-url or --event-log"):
+        GatewaySettings(engines="r0=http://127.0.0.1:1", lookup_url="http://h:1",
+                        event_log="redis://127.0.0.1:6379/0")
+    assert GatewaySettings(engines="r0=http://127.0.0.1:1",
+                           event_log="redis://127.0.0.1:6379/0").event_log

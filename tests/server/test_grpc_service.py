@@ -76,22 +76,14 @@ def raw_lookup(s: RunningServer) -> grpc.UnaryUnaryMultiCallable:
 # -- wire: stubs, streams, health, reflection ------------------------------------------------
 
 
-def test_c10_02_stub_rpcs(srv: RunningServer) -> None:
+def test_c10_02_template_and_pd_route_without_configuration(srv: RunningServer) -> None:
     stub = srv.stub()
     rt = stub.RenderTemplate(pb.RenderTemplateRequest(template_ref="x", tenant_id=TENANT))
-    assert rt == pb.RenderTemplateResponse(reason_code="OK")
+    assert rt == pb.RenderTemplateResponse(
+        reason_code="TEMPLATE_NOT_FOUND", tenant_namespace=TENANT.encode()
+    )
     pd = stub.LookupPDRoute(pb.LookupPDRouteRequest(model_id=MODEL, tenant_id=TENANT))
-    assert pd == pb.LookupPDRouteResponse(reason_code="NO_HINT")
-
-
-def test_c10_03_server_streams_end_at_once_with_ok(srv: RunningServer) -> None:
-    stub = srv.stub()
-    events = stub.StreamCacheEvents(pb.StreamEventsRequest(model_id=MODEL), timeout=10)
-    assert list(events) == []
-    assert events.code() == grpc.StatusCode.OK
-    metrics = stub.StreamMetrics(pb.StreamMetricsRequest(names=["x"]), timeout=10)
-    assert list(metrics) == []
-    assert metrics.code() == grpc.StatusCode.OK
+    assert pd == pb.LookupPDRouteResponse(reason_code="UNKNOWN_TOPOLOGY")
 
 
 def test_c10_03_health_check_empty_service_is_serving(srv: RunningServer) -> None:

@@ -172,7 +172,7 @@ def test_rotation_under_live_traffic(tls_srv: RunningServer, ca: CA, server_cert
             Path(server_cert.key_file).write_bytes(Path(other.key_file).read_bytes())
             assert presented_serial(port, ca.file) == rotated.serial
             wait_for(lambda: tls_srv.metrics.registry.get_sample_value(
-                "inferencecache_server_file_reloads_total", {"file": "tls", "result": "error"}))
+                "inferencecache_server_config_reloads_total", {"file": "tls", "result": "error"}))
         finally:
             stop.set()
             t.join(10)

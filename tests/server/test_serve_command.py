@@ -180,6 +180,8 @@ def test_bad_input_policy_file_names_the_field(tmp_path: Path) -> None:
         (["--policy-file", "/nonexistent/p.yaml"], "/nonexistent/p.yaml"),
         (["--admin-token-file", "/nonexistent/token"], "/nonexistent/token"),
         (["--tokenizer-dir", "/nonexistent/tok"], "/nonexistent/tok"),
+        (["--pd-topology-file", "/nonexistent/pd.yaml"], "/nonexistent/pd.yaml"),
+        (["--template-dir", "/nonexistent/templates"], "/nonexistent/templates"),
         (["--grpc-address", "localhost"], "--grpc-address"),
         (["--http-address", "127.0.0.1:99999"], "--http-address"),
         (["--no-such-flag"], "--no-such-flag"),
@@ -187,6 +189,17 @@ def test_bad_input_policy_file_names_the_field(tmp_path: Path) -> None:
         (["--max-holds", "-1"], "--max-holds"),
         (["--log-level", "loud"], "--log-level"),
         (["--store-backend", "redis"], "--store-backend"),
+        (["--workers", "2"], "--workers"),
+        (["--snapshot-dir", "/tmp/x"], "--snapshot-dir"),
+        (["--event-log", "http://127.0.0.1:6379"], "--event-log"),
+        (["--event-log", "redis://127.0.0.1:6379/x"], "--event-log"),
+        (["--event-log", "redis://127.0.0.1:6379", "--workers", "0"], "--workers"),
+        (["--event-log", "redis://127.0.0.1:6379", "--max-replica-lag", "0"],
+         "--max-replica-lag"),
+        (["--event-log", "redis://127.0.0.1:6379", "--event-log-key", "a{b}"],
+         "--event-log-key"),
+        (["--event-log", "redis://127.0.0.1:6379", "--event-log-password-file",
+          "/nonexistent/pw"], "/nonexistent/pw"),
     ],
 )
 def test_bad_input_startup_errors_exit_2_with_one_line(extra: list[str], needle: str) -> None:
@@ -215,6 +228,18 @@ def test_bad_input_port_in_use_exits_2() -> None:
             assert res.returncode == 2, res.stderr
             line = one_error_line(res.stderr)
             assert flag in line and str(port) in line
+
+
+def test_c5_14_bad_topology_file_names_the_field(tmp_path: Path) -> None:
+    topo = tmp_path / "pd.yaml"
+    topo.write_text(
+        "topologies:\n  - {name: a, transport: NIXL, prefill: [p], decode: [d]}\n"
+        "  - {name: b, transport: RDMA, prefill: [p], decode: [d]}\n"
+    )
+    res = run_cli(["serve", *LOCAL, "--pd-topology-file", str(topo)])
+    assert res.returncode == 2
+    line = one_error_line(res.stderr)
+    assert "--pd-topology-file" in line and "topologies[1].transport" in line
 
 
 def test_bad_tokenizer_dir_exits_2(tmp_path: Path) -> None:

@@ -75,7 +75,15 @@ class LookupSettings:
         help="Fingerprint the tokens here and send block_hashes + "
         "block_token_counts instead of token_ids.",
     )
-    block_size: int = setting(16, help="Tokens per block for --client-chain (as the engines).")
+    block_size: int = setting(
+        16, help="Tokens per block for --client-chain and --pd-topology (as the engines)."
+    )
+    pd_topology: str = setting(
+        "",
+        help="Ask LookupPDRoute in this topology of the server's --pd-topology-file instead: "
+        "the tokens' last block hash as prefix_hash (gRPC only).",
+        metavar="NAME",
+    )
     timeout: float = setting(2.0, param=DURATION, help="RPC deadline.")
     auth_token_file: str = auth_token_file_setting()
     tls_ca_file: str = tls_ca_file_setting()
@@ -98,7 +106,9 @@ class LookupSettings:
             raise ValueError(f"give exactly one of --tokens, --token-file, --text (got {which})")
         if self.client_chain and self.text is not None:
             raise ValueError("--client-chain needs --tokens or --token-file")
-        if self.client_chain and self.block_size <= 0:
+        if self.pd_topology and (self.text is not None or self.lookup_url):
+            raise ValueError("--pd-topology needs --tokens or --token-file, over gRPC")
+        if (self.client_chain or self.pd_topology) and self.block_size <= 0:
             raise ValueError(f"--block-size must be > 0, got {self.block_size}")
         if self.timeout <= 0:
             raise ValueError("--timeout must be > 0")
@@ -144,6 +154,33 @@ def parse_token_list(text: str, source: str) -> list[int]:
     return out
 
 
+def read_tokens(settings: LookupSettings) -> list[int]:
+    """The ids of ``--tokens`` or ``--token-file``."""
+    if settings.tokens is not None:
+        return parse_token_list(settings.tokens, "--tokens")
+    assert settings.token_file is not None
+    try:
+        content = Path(settings.token_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise ValueError(f"cannot read --token-file {settings.token_file!r}: {reason}") from e
+    return parse_token_list(content, f"--token-file {settings.token_file!r}")
+
+
+def build_pd_request(settings: LookupSettings) -> pb.LookupPDRouteRequest:
+    """LookupPDRoute for the tokens: their chain's last block hash names the whole prefix."""
+    from inferencecache import fingerprint
+
+    hashes, counts = fingerprint.chain(read_tokens(settings), settings.block_size)
+    return pb.LookupPDRouteRequest(
+        model_id=settings.model_id,
+        tenant_id=settings.tenant_id,
+        prefix_hash=hashes[-1] if hashes else b"",
+        prefix_token_count=sum(counts),
+        pd_topology_ref=settings.pd_topology,
+    )
+
+
 def build_request(settings: LookupSettings) -> pb.LookupRouteRequest:
     req = pb.LookupRouteRequest(
         model_id=settings.model_id,
@@ -154,16 +191,7 @@ def build_request(settings: LookupSettings) -> pb.LookupRouteRequest:
     if settings.text is not None:
         req.prompt_text = settings.text
         return req
-    if settings.tokens is not None:
-        tokens = parse_token_list(settings.tokens, "--tokens")
-    else:
-        assert settings.token_file is not None
-        try:
-            content = Path(settings.token_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
-            raise ValueError(f"cannot read --token-file {settings.token_file!r}: {reason}") from e
-        tokens = parse_token_list(content, f"--token-file {settings.token_file!r}")
+    tokens = read_tokens(settings)
     if settings.client_chain:
         from inferencecache import fingerprint
 
@@ -175,7 +203,7 @@ def build_request(settings: LookupSettings) -> pb.LookupRouteRequest:
     return req
 
 
-def to_json(resp: pb.LookupRouteResponse) -> str:
+def to_json(resp: pb.LookupRouteResponse | pb.LookupPDRouteResponse) -> str:
     text: str = json_format.MessageToJson(
         resp,
         preserving_proto_field_name=True,
@@ -217,13 +245,16 @@ def _over_http(settings: LookupSettings, req: pb.LookupRouteRequest) -> pb.Looku
 @click.command("lookup", context_settings=CONTEXT)
 @command_options(LookupSettings)
 def lookup(settings: LookupSettings) -> int:
-    """Ask a server for a routing hint and print the LookupRouteResponse as JSON."""
+    """Ask a server for a routing hint and print the LookupRouteResponse (with
+    --pd-topology: the LookupPDRouteResponse) as JSON."""
     security_of(settings)  # the credential and TLS files, read once: exit 2 when unusable
     try:
-        req = build_request(settings)
+        req = build_pd_request(settings) if settings.pd_topology else build_request(settings)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    method = "LookupPDRoute" if settings.pd_topology else "LookupRoute"
     if settings.lookup_url:
+        assert isinstance(req, pb.LookupRouteRequest)
         click.echo(to_json(_over_http(settings, req)))
         return 0
     target = str(settings.server)
@@ -231,7 +262,8 @@ def lookup(settings: LookupSettings) -> int:
     with security.channel(target) as channel:
         stub = pb_grpc.InferenceCacheStub(channel)  # type: ignore[no-untyped-call]
         try:
-            resp = stub.LookupRoute(req, timeout=settings.timeout, metadata=security.metadata())
+            resp = getattr(stub, method)(req, timeout=settings.timeout,
+                                         metadata=security.metadata())
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = " ".join(str(e.details() if hasattr(e, "details") else e).split())
@@ -242,6 +274,6 @@ def lookup(settings: LookupSettings) -> int:
                     f"server {target} did not answer within the {settings.timeout:g}s timeout"
                 ) from None
             name = code.name if code is not None else "UNKNOWN"
-            raise click.ClickException(f"LookupRoute failed: {name}: {details}") from None
+            raise click.ClickException(f"{method} failed: {name}: {details}") from None
     click.echo(to_json(resp))
     return 0

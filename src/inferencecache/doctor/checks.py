@@ -90,6 +90,37 @@ def server_healthy(f: Facts) -> Iterator[Verdict]:
         yield Verdict(PASS, "server healthy", "gRPC health SERVING, /readyz ok, server_up 1")
 
 
+LAG_LIMIT_S: Final = 10.0
+"""A replica further behind the event log than this fails (the alert's threshold)."""
+
+
+def event_log(f: Facts) -> Iterator[Verdict]:
+    """Per replica (each ``worker`` of ``serve --workers``): lag behind the shared event log.
+    No line at all for a server without ``--event-log`` (nothing to check, not a skipped
+    input) or whose metrics could not be read (``server healthy`` fails then)."""
+    m = f.server.metrics
+    rows = m.samples.get("inferencecache_eventlog_replica_applied_sequence") if m else None
+    if m is None or not rows:
+        return
+    parts, bad = [], []
+    for labels, applied in sorted(rows, key=lambda r: r[0].get("worker", "")):
+        worker = labels.get("worker")
+        want = {"worker": worker} if worker is not None else {}
+        entries = m.total("inferencecache_eventlog_replica_lag_entries", **want) or 0.0
+        seconds = m.total("inferencecache_eventlog_replica_lag_seconds", **want) or 0.0
+        ready = m.total("inferencecache_eventlog_replica_ready", **want)
+        name = f"worker {worker}" if worker is not None else "replica"
+        parts.append(f"{name} at {applied:.0f}, {entries:.0f} entries / {seconds:.1f}s behind")
+        if seconds > LAG_LIMIT_S or ready != 1:
+            bad.append(name)
+    gaps = m.total("inferencecache_eventlog_gaps_total") or 0.0
+    detail = "; ".join(parts) + (f"; {gaps:.0f} gaps since start" if gaps else "")
+    if bad:
+        yield Verdict(FAIL, "event log", f"not caught up: {', '.join(bad)} ({detail})")
+    else:
+        yield Verdict(PASS, "event log", detail)
+
+
 # ---- agreement -------------------------------------------------------------------------------
 
 
@@ -268,8 +299,8 @@ def engine_events(f: Facts) -> Iterator[Verdict]:
 
 
 CHECKS: Final[tuple[Check, ...]] = (
-    server_reachable, server_healthy, versions, block_size, hash_scheme, subscribers, engine,
-    engine_events,
+    server_reachable, server_healthy, event_log, versions, block_size, hash_scheme, subscribers,
+    engine, engine_events,
 )  # fmt: skip
 
 

@@ -68,6 +68,14 @@ class EngineMetrics:
         self.external_queries = counter(
             EXT_QUERIES, "External prefix-cache queried tokens."
         )
+        # disaggregated prefill/decode handoffs (ours, not vLLM's): {side, peer}
+        self.kv_transfers = Counter(
+            "inferencecache_engine_kv_transfers",
+            "Requests with kv_transfer_params: side=producer (prefilled for a remote decode) or "
+            "consumer (decoded from the KV of remote engine `peer`).",
+            ["side", "peer"],
+            registry=r,
+        )
         # HTTP requests whose handling raised unexpectedly (ours, not vLLM's): {loop, reason}
         self.drops = Drops(
             drop_counter("inferencecache_engine_", r), logging.getLogger("inferencecache.engines")

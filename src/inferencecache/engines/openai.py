@@ -84,8 +84,12 @@ class SimulatedEngine:
         model_name: str,
         adapters: Mapping[int, str] | None = None,
         tokenizers: Mapping[str, EngineTokenizer] | None = None,
+        kv_role: str = "both",
     ) -> None:
         self.params = params
+        self.kv_role = kv_role
+        self.kv_engine_id = uuid.uuid4().hex
+        self.kv_address: tuple[str, int] = ("127.0.0.1", 0)  # set once the listener is bound
         self.model: EngineModel[asyncio.Future[Admitted[Any]]] = EngineModel(params)
         self.publisher = publisher
         self.metrics = metrics
@@ -189,6 +193,7 @@ class SimulatedEngine:
             if type(max_tokens) is not int or max_tokens < 1:
                 raise _Error(400, "max_tokens must be a positive integer")
             stream = data.get("stream") is True
+            kv_out = self._kv_transfer(data.get("kv_transfer_params"), len(tokens), stream)
             try:
                 self.model.check(tokens)
             except ValueError as e:
@@ -203,13 +208,49 @@ class SimulatedEngine:
         try:
             adm = await fut
             admitted = True
-            return await self._respond(request, data, adm, str(model), chat, stream, max_tokens)
+            return await self._respond(
+                request, data, adm, str(model), chat, stream, max_tokens, kv_out
+            )
         finally:
             if admitted:
                 self.model.finish()
             else:
                 self.model.cancel(fut)
             self._pump()
+
+    def _kv_transfer(self, kv: Any, n_tokens: int, stream: bool) -> dict[str, Any] | None:
+        """Check a request's NIXL-style ``kv_transfer_params`` against ``--kv-role`` and count
+        the handoff; returns the params the response carries for the decode side (prefill
+        requests), else None. A misrouted handoff is a 400, so it cannot pass unnoticed."""
+        if kv is None:
+            return None
+        if not isinstance(kv, dict):
+            raise _Error(400, "kv_transfer_params must be an object")
+        if kv.get("do_remote_decode") is True:
+            if self.kv_role == "decode":
+                raise _Error(400, "this engine only decodes (--kv-role decode)")
+            if stream:
+                raise _Error(400, "a prefill for a remote decode must not stream")
+            self.metrics.kv_transfers.labels("producer", "").inc()
+            host, port = self.kv_address
+            return {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.kv_engine_id,
+                "remote_block_ids": list(range(n_tokens // self.params.block_size)),
+                "remote_host": host,
+                "remote_port": port,
+                "tp_size": 1,
+            }
+        if kv.get("do_remote_prefill") is True:
+            if self.kv_role == "prefill":
+                raise _Error(400, "this engine only prefills (--kv-role prefill)")
+            peer = kv.get("remote_engine_id")
+            if not isinstance(peer, str) or not isinstance(kv.get("remote_block_ids"), list):
+                raise _Error(400, "kv_transfer_params: remote_engine_id and remote_block_ids "
+                             "are required to pull a remote prefill")  # fmt: skip
+            self.metrics.kv_transfers.labels("consumer", peer).inc()
+        return None
 
     def _pump(self) -> None:
         """Admit what fits; publish each admission's events and wake its handler."""
@@ -246,6 +287,7 @@ class SimulatedEngine:
         chat: bool,
         stream: bool,
         max_tokens: int,
+        kv_out: dict[str, Any] | None = None,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -269,10 +311,13 @@ class SimulatedEngine:
             else:
                 choice = {"index": 0, "text": text, "logprobs": None,
                           "finish_reason": "length", "stop_reason": None}
-            return web.json_response({
+            out = {
                 "id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": created, "model": model, "choices": [choice], "usage": usage,
-            })
+            }  # fmt: skip
+            if kv_out is not None:
+                out["kv_transfer_params"] = kv_out
+            return web.json_response(out)
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -334,6 +379,7 @@ async def serve(
         model_name=s.model_name,
         adapters=parse_adapter_names(s.lora_adapters),
         tokenizers=toks,
+        kv_role=s.kv_role,
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[guard_middleware(metrics.drops)])
     MetricsPage(metrics).routes(app)
@@ -347,6 +393,7 @@ async def serve(
         ctx.destroy(linger=0)
         raise
     http = f"{parse_host_port(s.http_address).host}:{port}"
+    engine.kv_address = (parse_host_port(s.http_address).host, port)
     p = engine.params
     log.info(
         "simulated engine ready",
@@ -362,6 +409,8 @@ async def serve(
             "prefill_ms_per_token": p.prefill_ms_per_token,
             "decode_ms_per_token": p.decode_ms_per_token,
             "tokenizers": sorted(toks),
+            "kv_role": engine.kv_role,
+            "kv_engine_id": engine.kv_engine_id,
         },
     )
     await stop.wait()

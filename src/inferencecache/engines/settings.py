@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+import click
+
 from inferencecache.config import (
     DURATION,
     GO_BOOL,
@@ -100,6 +102,12 @@ class FakeEngineSettings:
     )
     tokenizer_dir: str = setting(
         "", help="simulated: <model>/tokenizer.json directory for text prompts (as the gateway's)."
+    )
+    kv_role: str = setting(
+        "both",
+        param=click.Choice(["prefill", "decode", "both"]),
+        help="simulated: disaggregated prefill/decode role, as vLLM's kv_role (kv_producer, "
+        "kv_consumer, kv_both): requests carry NIXL-style kv_transfer_params (docs/gateway.md).",
     )
     log_level: str = log_level_setting()
 

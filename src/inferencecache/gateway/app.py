@@ -28,9 +28,10 @@ from inferencecache import fingerprint
 from inferencecache.channels import ChannelSecurity
 from inferencecache.gateway.engines import EnginePool
 from inferencecache.gateway.errors import ApiError
-from inferencecache.gateway.hints import HintClient, Hints, HttpHintClient
+from inferencecache.gateway.hints import HintClient, Hints, HttpHintClient, ReplicaHintClient
 from inferencecache.gateway.metrics import GatewayMetrics
 from inferencecache.gateway.oracle import query_oracle
+from inferencecache.gateway.pd import PDClient, decode_body, prefill_body, run_prefill
 from inferencecache.gateway.settings import GatewaySettings
 from inferencecache.metrics import metrics_response
 from inferencecache.routing import reasons
@@ -82,6 +83,9 @@ H_OVERHEAD_US: Final = "X-Cache-Route-Overhead-Us"
 H_PROMPT_TOKENS: Final = "X-Cache-Route-Prompt-Tokens"
 H_MATCHED: Final = "X-Cache-Route-Matched-Tokens"
 H_ATTEMPTS: Final = "X-Cache-Route-Attempts"
+H_PD_REASON: Final = "X-Cache-Route-PD-Reason"
+H_PREFILL: Final = "X-Cache-Route-Prefill-Replica"
+H_TRANSPORT: Final = "X-Cache-Route-Transport"
 
 # Hints whose lookup latency is reported in the H_HINT_US header (a lookup was attempted).
 _TIMED_HINT_CODES: Final = reasons.SERVER_CODES | {reasons.HINT_TIMEOUT, reasons.HINT_ERROR}
@@ -164,6 +168,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._pool: EnginePool | None = None
         self._hints: Hints | None = None
+        self._pd: PDClient | None = None
         self._listener: Listener | None = None
         self._unknown_logged: dict[tuple[str, str, str], float] = {}
 
@@ -199,16 +204,24 @@ class Gateway:
             static_adapters=s.adapter_bases,
         )
         if self.policy.needs_hint:
-            self._hints = (
-                HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme, s.block_size,
-                               ChannelSecurity.of(s))
-                if s.lookup_url
-                else HintClient(str(s.server), s.lookup_timeout, s.hash_scheme, s.block_size,
-                                ChannelSecurity.of(s))
-            )
+            # one hint source: an in-process event-log replica, else the HTTP lookup
+            # listener, else gRPC (docs/gateway.md, "Where hints come from")
+            if s.event_log:
+                self._hints = ReplicaHintClient(s.event_log, s.event_log_key, s.hash_scheme,
+                                                s.block_size)
+            elif s.lookup_url:
+                self._hints = HttpHintClient(s.lookup_url, s.lookup_timeout, s.hash_scheme,
+                                             s.block_size, ChannelSecurity.of(s))
+            else:
+                self._hints = HintClient(str(s.server), s.lookup_timeout, s.hash_scheme,
+                                         s.block_size, ChannelSecurity.of(s))
             await asyncio.gather(self._hints.start(connect_wait=1.0), self._pool.start())
         else:
             await self._pool.start()
+        if s.pd_topology:
+            self._pd = PDClient(str(s.server), s.lookup_timeout, s.pd_topology,
+                                ChannelSecurity.of(s))
+            await self._pd.start()
         app = web.Application(
             client_max_size=s.max_body_bytes + 1,
             middlewares=[guard_middleware(self.metrics.drops)],
@@ -232,6 +245,9 @@ class Gateway:
         if self._hints is not None:
             await self._hints.close()
             self._hints = None
+        if self._pd is not None:
+            await self._pd.close()
+            self._pd = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -300,6 +316,8 @@ class Gateway:
             return err.response({"Allow": "POST"})
         try:
             req = await self._prepare(request, endpoint, started)
+            if self._pd is not None:
+                return await self._pd_dispatch(request, req)
             return await self._dispatch(request, req)
         except ApiError as e:
             self.metrics.bad_requests(e.code).inc()
@@ -355,11 +373,15 @@ class Gateway:
         req = _Request(endpoint, body, model, route, started, headers)
         if ids is not None:
             req.extra[H_PROMPT_TOKENS] = str(len(ids))
-        if self.policy.needs_hint:
-            route.hint = await self._hint(route)
-            if route.hint.reason_code in _TIMED_HINT_CODES:
-                req.extra[H_HINT_US] = str(round(route.hint.latency_s * 1e6))
+        if self.policy.needs_hint and self._pd is None:  # P/D mode asks only when it falls back
+            await self._ask_hint(req)
         return req
+
+    async def _ask_hint(self, req: _Request) -> None:
+        route = req.route
+        route.hint = await self._hint(route)
+        if route.hint.reason_code in _TIMED_HINT_CODES:
+            req.extra[H_HINT_US] = str(round(route.hint.latency_s * 1e6))
 
     async def _hint(self, route: RouteInput) -> Hint:
         if not route.chain or self._hints is None:
@@ -442,6 +464,48 @@ class Gateway:
             if resp is not None:
                 return resp
             excluded.add(decision.replica)
+
+    async def _pd_dispatch(self, request: web.Request, req: _Request) -> web.StreamResponse:
+        """P/D mode (``gateway.pd``): prefill on LookupPDRoute's prefill replica, decode on its
+        decode replica; whatever is missing sends the request to one engine (``_dispatch``)."""
+        assert self._pd is not None and self._session is not None
+        route = req.route
+        pd = await self._pd.route(route.tenant_id, route.model_id, route.chain, route.block_size)
+        req.extra[H_PD_REASON] = pd.reason_code
+        healthy = set(self.pool.healthy_ids(req.model))
+        if not pd.prefill or not pd.decode:
+            outcome = "no_pair"
+        elif pd.prefill not in healthy or pd.decode not in healthy:
+            outcome = "unhealthy"
+        else:
+            data = _JSON.decode(req.body)
+            self.pool.begin(pd.prefill)
+            try:
+                url = self.pool.engines[pd.prefill].url(request.path_qs)
+                result, kv = await run_prefill(
+                    self._session, url, prefill_body(data), req.upstream_headers
+                )
+            finally:
+                self.pool.end(pd.prefill)
+            outcome = f"prefill_{result}"
+            if kv is not None:
+                original = req.body
+                req.body = decode_body(data, kv)
+                req.extra[H_PREFILL] = pd.prefill
+                req.extra[H_TRANSPORT] = pd.transport
+                req.attempts += 1
+                self.metrics.overhead.observe(time.perf_counter() - req.started)
+                resp = await self._forward(request, req, Decision(pd.decode, pd.reason_code))
+                if resp is not None:
+                    self.metrics.pd_requests("pd").inc()
+                    return resp
+                outcome = "decode_failed"
+                req.body = original
+                del req.extra[H_PREFILL], req.extra[H_TRANSPORT]
+        self.metrics.pd_requests(outcome).inc()
+        if self.policy.needs_hint:
+            await self._ask_hint(req)
+        return await self._dispatch(request, req)
 
     def _route_headers(self, req: _Request, decision: Decision) -> dict[str, str]:
         route = req.route

@@ -1,12 +1,14 @@
 """The LookupRoute clients: a short deadline, and never an exception.
 
-Two transports, the same request and answer: ``HttpHintClient`` POSTs the ``LookupRouteRequest``
+Three sources, the same request and answer: ``HttpHintClient`` POSTs the ``LookupRouteRequest``
 bytes to the server's HTTP lookup listener (``serve --lookup-http-address``) over a keep-alive
 connection pool, ``HintClient`` calls the gRPC method on one ``grpc.aio`` channel. The HTTP path
 is the cheaper one on both sides (docs/gateway.md has the figures), so the gateway uses it
-whenever ``--lookup-url`` is set. Every outcome becomes a ``routing.Hint``: the server's reason
-code and ranked replicas, or a gateway-side code (``HINT_TIMEOUT`` when our deadline passed,
-``HINT_ERROR`` for any other failure), so the policy falls back and the request goes on.
+whenever ``--lookup-url`` is set; ``ReplicaHintClient`` (``--event-log``) answers from a replica
+of the event log held in this process, no hop at all. Every outcome becomes a ``routing.Hint``:
+the server's reason code and ranked replicas, or a gateway-side code (``HINT_TIMEOUT`` when our
+deadline passed, ``HINT_ERROR`` for any other failure), so the policy falls back and the
+request goes on.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def chain_request(
     )
 
 
-def hint_of(resp: pb.LookupRouteResponse, elapsed: float) -> Hint:
+def hint_of(resp: Any, elapsed: float) -> Hint:
+    """A LookupRouteResponse (or the index's ``LookupResult``, same fields) as a ``Hint``."""
     scores = resp.replica_scores
     return Hint(
         resp.reason_code,
@@ -304,6 +307,76 @@ class HintClient:
                 return Hint(reasons.HINT_ERROR, latency_s=elapsed)
             self._log_error(f"{e.code().name}: {e.details()}")
             return Hint(reasons.HINT_ERROR, latency_s=elapsed)
+        except Exception as e:  # never fail a request because of the hint plane
+            elapsed = time.perf_counter() - t0
+            self._log_error(f"{type(e).__name__}: {e}")
+            return Hint(reasons.HINT_ERROR, latency_s=elapsed)
+        return hint_of(resp, time.perf_counter() - t0)
+
+
+class ReplicaHintClient:
+    """The same answers from a replica of the event log held in this process
+    (``gateway --event-log``): ``Router.lookup`` runs on the event loop's thread (tens of
+    microseconds), no gRPC hop. Until the replica has caught up its hints may miss (fail-open,
+    like a server that is not ready)."""
+
+    def __init__(self, url: str, key_prefix: str, hash_scheme: str, block_size: int) -> None:
+        from inferencecache.eventlog import EventLogConfig
+        from inferencecache.eventlog.redislog import redact
+
+        self.hash_scheme = hash_scheme
+        self.block_size = block_size
+        self.config = EventLogConfig(url, key_prefix=key_prefix)
+        self.target = f"in-process replica of {redact(url)}"
+        self.replica: Any = None
+        self._counts: dict[int, bytes] = {}
+        self._log_error = _ErrorLog(self.target)
+
+    def _start_replica(self) -> Any:
+        """The replica, with the index settings the servers published (so it holds exactly
+        their state), else ``serve``'s defaults with this block size."""
+        from inferencecache.eventlog import Replica
+        from inferencecache.eventlog.replica import published_settings
+        from inferencecache.index import IndexSettings
+
+        settings = published_settings(self.config)
+        if settings is None:
+            settings = IndexSettings(engine_block_size=self.block_size)
+        elif settings.engine_block_size != self.block_size:
+            log.warning("the servers' block size differs from --block-size; hints will miss",
+                        extra={"servers": settings.engine_block_size,
+                               "block_size": self.block_size})
+        return Replica(self.config, settings=settings).start()
+
+    async def start(self, connect_wait: float = 1.0) -> bool:
+        loop = asyncio.get_running_loop()
+        self.replica = await loop.run_in_executor(None, self._start_replica)
+        return await loop.run_in_executor(None, self.replica.wait_ready, connect_wait)
+
+    async def close(self) -> None:
+        if self.replica is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.replica.close)
+            self.replica = None
+
+    async def lookup(self, tenant: str, model: str, adapter: str, chain: bytes) -> Hint:
+        from inferencecache.index import LookupRequest
+
+        n = len(chain) // fingerprint.HASH_BYTES
+        counts = self._counts.get(n)
+        if counts is None:
+            counts = bytes((self.block_size,)) * n if self.block_size < 256 else b""
+            if len(self._counts) < 4096:
+                self._counts[n] = counts
+        req = LookupRequest(
+            tenant_id=tenant, model_id=model, hash_scheme=self.hash_scheme, adapter_id=adapter,
+            block_hashes=chain, packed_hashes=True,
+            block_token_counts=counts if counts else [self.block_size] * n,
+        )
+        t0 = time.perf_counter()
+        if self.replica is None:
+            return Hint(reasons.HINT_ERROR, latency_s=0.0)
+        try:
+            resp = self.replica.lookup(req)
         except Exception as e:  # never fail a request because of the hint plane
             elapsed = time.perf_counter() - t0
             self._log_error(f"{type(e).__name__}: {e}")

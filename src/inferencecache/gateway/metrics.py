@@ -71,6 +71,15 @@ class GatewayMetrics:
                 registry=r,
             )
         )
+        self.pd_requests = LazyChildren(
+            Counter(
+                "inferencecache_gateway_pd_requests",
+                "P/D mode requests by outcome: pd (prefilled and decoded on the pair), or why "
+                "they went to one engine (no_pair, unhealthy, prefill_<failure>, decode_failed).",
+                ["outcome"],
+                registry=r,
+            )
+        )
         self.upstream_errors = LazyChildren(
             Counter(
                 "inferencecache_gateway_upstream_errors",

@@ -115,6 +115,15 @@ class GatewaySettings:
     lookup_timeout: float = setting(
         0.05, param=DURATION, help="LookupRoute deadline; on expiry the request is routed anyway."
     )
+    event_log: str = setting(
+        "",
+        help="Ask a replica of the shared event log held in this process instead of --server "
+        "(redis://HOST:PORT/DB, as serve --event-log): no gRPC hop per request.",
+        metavar="URL",
+    )
+    event_log_key: str = setting(
+        "inferencecache", help="Key prefix of the event log in Redis (as serve's)."
+    )
     routing_policy: str = setting(
         "cache_aware",
         param=click.Choice(POLICY_NAMES),
@@ -126,6 +135,13 @@ class GatewaySettings:
         "load guard the prefix-aware policies run with by default (docs/gateway.md; "
         '"balance_abs_threshold=0" turns it off).',
         metavar="K=V,...",
+    )
+    pd_topology: str = setting(
+        "",
+        help="P/D mode: the server's prefill/decode topology to route in (LookupPDRoute); each "
+        "request is prefilled on its prefill replica and decoded on its decode replica with "
+        "vLLM's kv_transfer_params (docs/gateway.md). Empty: off.",
+        metavar="NAME",
     )
     tenant_header: str = setting("X-Tenant-Id", help="Request header naming the tenant.")
     tenant_id: str = setting("default", help="Tenant when the header is absent or empty.")
@@ -195,6 +211,8 @@ class GatewaySettings:
             raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
         if not self.hash_scheme:
             raise ValueError("--hash-scheme must not be empty")
+        if self.lookup_url and self.event_log:
+            raise ValueError("give --lookup-url or --event-log, not both (two hint sources)")
         if self.lookup_url:
             url = urlsplit(self.lookup_url)
             if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):

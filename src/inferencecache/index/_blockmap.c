@@ -2517,6 +2517,108 @@ done:
     return d;
 }
 
+/* Grow the table for `keys` keys at once (a snapshot load knows how many are coming): one
+ * allocation instead of a doubling (and a rehash of everything so far) every time the load
+ * passes 3/4. Never shrinks. */
+static PyObject *BM_reserve(BlockMap *m, PyObject *arg) {
+    Py_ssize_t keys = PyLong_AsSsize_t(arg);
+    if (keys < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "keys must be >= 0");
+        return NULL;
+    }
+    size_t want = (size_t)keys + m->nkeys;
+    size_t ncap = m->mask + 1;
+    while (want * 4 > ncap * 3) {
+        if (ncap > ((size_t)1 << 40)) {
+            PyErr_SetString(PyExc_OverflowError, "reserve: too many keys");
+            return NULL;
+        }
+        ncap *= 2;
+    }
+    if (ncap > m->mask + 1) {
+        if (bm_enter(m) < 0) return NULL;
+        int r = bm_resize(m, ncap);
+        m->busy = 0;
+        if (r < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Every hold as columns, for snapshots: (keys, replicas, tokens, last_seen, tiers, others).
+ * Holds of 8-byte keys go to the columns, in native byte order: keys (8 bytes each, the key's
+ * bytes), replicas (uint32), tokens (int32), last_seen (int64), tiers (int32); holds of any
+ * other key length go to `others` as (key, replica, tokens, last_seen, tier) tuples. One pass
+ * with plain memory copies: the index lock is held for it. */
+static PyObject *BM_dump_columns(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
+    size_t n = m->nholds;
+    PyObject *keys = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * (n ? n : 1)));
+    PyObject *reps = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * (n ? n : 1)));
+    PyObject *toks = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * (n ? n : 1)));
+    PyObject *tss = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * (n ? n : 1)));
+    PyObject *tiers = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * (n ? n : 1)));
+    PyObject *others = PyList_New(0);
+    PyObject *result = NULL;
+    if (!keys || !reps || !toks || !tss || !tiers || !others) goto done;
+    if (bm_enter(m) < 0) goto done;
+    {
+        char *kp = PyBytes_AS_STRING(keys);
+        char *rp = PyBytes_AS_STRING(reps);
+        char *tp = PyBytes_AS_STRING(toks);
+        char *sp = PyBytes_AS_STRING(tss);
+        char *ip = PyBytes_AS_STRING(tiers);
+        size_t j = 0;
+        size_t cap = m->mask + 1;
+        int failed = 0;
+        for (size_t i = 0; i < cap && !failed; i++) {
+            const Slot *s = &m->slots[i];
+            scan_prefetch(m, i);
+            if (s->h.rep1 == 0) continue;
+            int is_long = (s->h.next & BM_LONG) != 0;
+            const Hold *x = &s->h;
+            for (;;) {
+                uint32_t rep = x->rep1 - 1;
+                if (BM_UNLIKELY(is_long)) {
+                    PyObject *t = Py_BuildValue("(OIiLi)", m->lk[s->key].bytes, rep,
+                                                x->tokens, (long long)x->last_seen, x->tier);
+                    if (t == NULL || PyList_Append(others, t) < 0) {
+                        Py_XDECREF(t);
+                        failed = 1;
+                        break;
+                    }
+                    Py_DECREF(t);
+                } else if (j < n) {
+                    memcpy(kp + 8 * j, &s->key, 8);
+                    memcpy(rp + 4 * j, &rep, 4);
+                    memcpy(tp + 4 * j, &x->tokens, 4);
+                    memcpy(sp + 8 * j, &x->last_seen, 8);
+                    memcpy(ip + 4 * j, &x->tier, 4);
+                    j++;
+                }
+                uint32_t nx = x->next & IDX_MASK;
+                if (!nx) break;
+                x = OH(m, nx);
+            }
+        }
+        m->busy = 0;
+        if (failed) goto done;
+        if (_PyBytes_Resize(&keys, (Py_ssize_t)(8 * j)) < 0 ||
+            _PyBytes_Resize(&reps, (Py_ssize_t)(4 * j)) < 0 ||
+            _PyBytes_Resize(&toks, (Py_ssize_t)(4 * j)) < 0 ||
+            _PyBytes_Resize(&tss, (Py_ssize_t)(8 * j)) < 0 ||
+            _PyBytes_Resize(&tiers, (Py_ssize_t)(4 * j)) < 0)
+            goto done;
+        result = PyTuple_Pack(6, keys, reps, toks, tss, tiers, others);
+    }
+done:
+    Py_XDECREF(keys);
+    Py_XDECREF(reps);
+    Py_XDECREF(toks);
+    Py_XDECREF(tss);
+    Py_XDECREF(tiers);
+    Py_XDECREF(others);
+    return result;
+}
+
 /* Internal consistency, for tests: raises AssertionError naming the first broken rule. */
 static PyObject *BM_check_invariants(BlockMap *m, PyObject *Py_UNUSED(ignored)) {
     if (bm_check_idle(m) < 0) return NULL;
@@ -2718,6 +2820,10 @@ static PyMethodDef BM_methods[] = {
     {"replica_summary", (PyCFunction)BM_replica_summary, METH_NOARGS,
      "replica_summary() -> {replica: (holds, newest last_seen)}"},
     {"holds", (PyCFunction)BM_holds, METH_NOARGS, "holds() -> iterator of Hold"},
+    {"reserve", (PyCFunction)BM_reserve, METH_O,
+     "reserve(keys): grow the table for that many more keys at once (snapshot loads)"},
+    {"dump_columns", (PyCFunction)BM_dump_columns, METH_NOARGS,
+     "dump_columns() -> (keys, replicas, tokens, last_seen, tiers, others): every hold"},
     {"memory_bytes", (PyCFunction)BM_memory_bytes, METH_NOARGS,
      "Bytes allocated by this map (table, overflow arena, side table and its bytes objects)."},
     {"capacity", (PyCFunction)BM_capacity, METH_NOARGS, "Slots in the table."},

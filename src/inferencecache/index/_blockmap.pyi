@@ -49,6 +49,13 @@ class BlockMap:
     def quota_candidates(self, k: int) -> list[tuple[int, bytes]]: ...
     def replica_summary(self) -> dict[int, tuple[int, int]]: ...
     def holds(self) -> Iterator[Hold]: ...
+    def reserve(self, keys: int) -> None:
+        """Grow the table for ``keys`` more keys at once (snapshot loads); never shrinks."""
+    def dump_columns(
+        self,
+    ) -> tuple[bytes, bytes, bytes, bytes, bytes, list[tuple[bytes, int, int, int, int]]]:
+        """Every hold: 8-byte keys as native-order columns (keys, replicas u32, tokens i32,
+        last_seen i64, tiers i32), holds of other key lengths as tuples."""
     def memory_bytes(self) -> int:
         """Bytes this map allocated: table, overflow arena, side table and its key objects."""
     def capacity(self) -> int:

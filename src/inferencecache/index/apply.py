@@ -19,6 +19,13 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from inferencecache.index import bounds
+from inferencecache.index.changes import (
+    ALL_CLEARED,
+    PREFIX_ADDED,
+    PREFIX_EVICTED,
+    REPLICA_UPDATED,
+    Change,
+)
 from inferencecache.index.eviction import note_upsert
 from inferencecache.index.model import (
     PROBE_TENANT,
@@ -30,7 +37,7 @@ from inferencecache.index.model import (
     StatsLike,
     UpdateLike,
 )
-from inferencecache.index.state import IndexState, StatsRow
+from inferencecache.index.state import IndexState, Partition, StatsRow
 from inferencecache.index.store import HOLD_REMOVED, KEY_REMOVED
 
 TIER_T1 = 1
@@ -170,6 +177,8 @@ def apply_update(
             ts,
         )
         st.put_stats((tenant, model), rid, row)
+        if st.changes is not None:
+            st.changes.append(Change(REPLICA_UPDATED, tenant, model, "", u.replica_id, b"", ts))
     return True
 
 
@@ -202,6 +211,10 @@ def _apply_run(
     part = st.partition(tenant, model, scheme, run.adapter_id or u.adapter_id)
     nk, nh = part.ops.upsert_many(run.hashes, counts, rid, ts, tier)
     st.added(part, rid, nk, nh)
+    if st.changes is not None:
+        st.changes.append(
+            Change(PREFIX_ADDED, tenant, model, part.adapter, u.replica_id, run.hashes, ts)
+        )
 
 
 def _apply_prefixes(
@@ -245,6 +258,12 @@ def _apply_prefixes(
             arg = keys
         nk, nh = part.ops.upsert_many(arg, toks, rid, ts, cur_tier)
         st.added(part, rid, nk, nh)
+        if st.changes is not None:
+            n = len(toks)  # keys beyond the token counts were not written (zip)
+            written = arg[: 8 * n] if isinstance(arg, bytes) else list(arg[:n])
+            st.changes.append(
+                Change(PREFIX_ADDED, tenant, model, cur_adapter, u.replica_id, written, ts)
+            )
         keys.clear()
         packed.clear()
         toks.clear()
@@ -339,6 +358,9 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
         key = e.prefix_hash
         adapter = e.adapter_id
         more = getattr(e, "prefix_hashes", None)
+        if st.changes is not None:  # observed: hold by hold, to report exactly what went
+            _evict_observed(st, e, rid, parts, [key, *more] if more else [key], now_us)
+            return True
         if more:  # batched: the same per-hash rule for every hash, one store call per partition
             keys = [key, *more]
             for part in list(parts.values()):
@@ -364,6 +386,9 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
             if holds:
                 st.removed_per_replica(part, {rid: holds}, gone)
         st.drop_stats(tm, rid)
+        if st.changes is not None:
+            st.changes.append(Change(ALL_CLEARED, tenant, e.model_id, "", e.replica_id, b"",
+                                     e.timestamp_us or now_us))  # fmt: skip
     elif typ == _UPDATED:
         rid = st.replicas.get(e.replica_id)
         if rid is None:
@@ -371,4 +396,37 @@ def apply_event(st: IndexState, e: EventLike, now_us: int, *, allow_probe: bool 
         row = st.stats.get((tenant, e.model_id), {}).get(rid)
         if row is not None:
             row.last_seen = e.timestamp_us or now_us
+            if st.changes is not None:
+                st.changes.append(Change(REPLICA_UPDATED, tenant, e.model_id, "", e.replica_id,
+                                         b"", row.last_seen))  # fmt: skip
     return True
+
+
+def _evict_observed(
+    st: IndexState,
+    e: EventLike,
+    rid: int,
+    parts: dict[int, Partition],
+    keys: list[bytes],
+    now_us: int,
+) -> None:
+    """``PREFIX_EVICTED`` while the change feed is observed: the same removals, one change per
+    partition listing the hashes whose hold was actually removed."""
+    adapter = e.adapter_id
+    ts = e.timestamp_us or now_us
+    changes = st.changes
+    assert changes is not None
+    for part in list(parts.values()):
+        if adapter and part.adapter != adapter:
+            continue
+        gone: list[bytes] = []
+        keys_gone = 0
+        for key in keys:
+            bits = part.store.remove_hold(key, rid)
+            if bits & HOLD_REMOVED:
+                gone.append(key)
+                keys_gone += 1 if bits & KEY_REMOVED else 0
+        if gone:
+            st.removed_per_replica(part, {rid: len(gone)}, keys_gone)
+            changes.append(Change(PREFIX_EVICTED, part.tenant, part.model, part.adapter,
+                                  e.replica_id, gone, ts))  # fmt: skip

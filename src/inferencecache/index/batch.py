@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from inferencecache.index import apply, bounds, eviction
+from inferencecache.index.changes import PREFIX_ADDED, Change
 from inferencecache.index.model import (
     PROBE_TENANT,
     Event,
@@ -195,6 +196,21 @@ def record_at(batch: bytes, offset: int) -> tuple[Record, int]:
         raise BatchError(f"malformed record at {offset}: {e}") from None
 
 
+def _has_kind(batch: bytes, kind: int) -> bool:
+    """Whether any record of the batch is of ``kind`` (headers only; malformed: False, the
+    applier reports it)."""
+    pos, n = HEADER, len(batch)
+    try:
+        while pos < n:
+            k, size = _REC.unpack_from(batch, pos)
+            if k == kind:
+                return True
+            pos += _REC.size + size
+    except struct.error:
+        return False
+    return False
+
+
 def records(batch: bytes) -> Iterator[Record]:
     appended_us(batch)
     pos = HEADER
@@ -309,9 +325,14 @@ class Applier:
         self._apply = getattr(self._c, "apply", None)
 
     def apply(self, batch: bytes, now_us: int) -> None:
+        """Apply every record in order. While the change feed is observed
+        (``st.changes``), STORE records still take the compiled path and are reported from the
+        records themselves (every hash of an applied STORE is written); a batch with a REMOVE
+        record takes the reference, which reports exactly the holds it removed."""
         st = self._st
         c_apply = self._apply
-        if c_apply is None:
+        observed = st.changes is not None
+        if c_apply is None or (observed and _has_kind(batch, REMOVE)):
             apply_reference(st, batch, now_us)
             return
         settings = st.settings
@@ -331,12 +352,32 @@ class Applier:
                 changed = st.changed
                 for part, rid, dk, dh in deltas:
                     changed(part, rid, dk, dh)
+            if observed and nxt > pos:
+                self._report_stores(batch, pos, nxt, appended_us(batch) or now_us)
             if check and nxt > pos and not defer:
                 self._after(batch, pos, nxt, appended_us(batch) or now_us)
             pos = nxt
             if defer:
                 rec, pos = record_at(batch, pos)
                 apply_record(st, rec, appended_us(batch) or now_us)
+
+    def _report_stores(self, batch: bytes, start: int, stop: int, default_ts: int) -> None:
+        """The change feed's PREFIX_ADDED for the STORE records the compiled applier just
+        wrote (records it skips: the probe tenant, and those it hands to Python, which
+        report themselves)."""
+        st = self._st
+        changes = st.changes
+        assert changes is not None
+        limit = st.settings.max_entries_per_update
+        pos = start
+        while pos < stop:
+            rec, pos = record_at(batch, pos)
+            r = rec.route
+            if rec.kind != STORE or r.tenant == PROBE_TENANT or not rec.hashes:
+                continue
+            hashes = rec.hashes if len(rec.hashes) <= 8 * limit else rec.hashes[: 8 * limit]
+            changes.append(Change(PREFIX_ADDED, r.tenant, r.model, r.adapter, r.replica, hashes,
+                                  rec.timestamp_us or default_ts))  # fmt: skip
 
     def _after(self, batch: bytes, start: int, stop: int, default_ts: int) -> None:
         """The quota and cap rules after the compiled applier's last STORE (it stops after

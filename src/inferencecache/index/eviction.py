@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from inferencecache.index.changes import PREFIX_EVICTED, Change
 from inferencecache.index.state import IndexState, Partition
 from inferencecache.index.store import KEY_REMOVED
 
@@ -24,8 +25,11 @@ def sweep(st: IndexState, now_us: int) -> None:
     metric."""
     evicted: Counter[str] = Counter()
     policies = st.policies
+    observed = st.changes is not None
     for part in list(st.parts.values()):
         pol = policies.get(part.tenant)
+        if observed and not part.probe:
+            _expiring(st, part, now_us - pol.ttl_us)
         per_replica, keys_gone = part.ops.sweep(now_us - pol.ttl_us)
         if per_replica:
             if not part.probe:
@@ -61,6 +65,9 @@ def enforce_quota(st: IndexState, tenant: str) -> None:
         if replicas:
             st.removed_per_replica(part, dict.fromkeys(replicas, 1), 1)
             removed += 1
+            if st.changes is not None:
+                for rid in replicas:
+                    _evicted(st, part, rid, [key])
     if removed:
         st.metrics.tenant_evictions(tenant, REASON_OVER_ENTRIES, removed)
 
@@ -166,6 +173,26 @@ def enforce_cap(st: IndexState) -> None:
             if bits:
                 st.removed_per_replica(part, {rid: 1}, 1 if bits & KEY_REMOVED else 0)
                 evicted[algorithm] += 1
+                if st.changes is not None:
+                    _evicted(st, part, rid, [key])
                 over -= 1
     for algorithm, n in evicted.items():
         st.metrics.index_evictions(algorithm, REASON_CAP, n)
+
+
+def _evicted(st: IndexState, part: Partition, rid: int, keys: list[bytes]) -> None:
+    """Report removed holds to the change feed (only called while it is observed)."""
+    assert st.changes is not None
+    st.changes.append(Change(PREFIX_EVICTED, part.tenant, part.model, part.adapter,
+                             st.replicas.name(rid), keys, st.change_now))  # fmt: skip
+
+
+def _expiring(st: IndexState, part: Partition, stale_at_or_before: int) -> None:
+    """The holds the sweep is about to remove, for the change feed: one O(holds) walk of the
+    partition, paid only while someone observes (the stores' sweeps report counts only)."""
+    by_replica: dict[int, list[bytes]] = {}
+    for h in part.store.holds():
+        if h.last_seen <= stale_at_or_before:
+            by_replica.setdefault(h.replica, []).append(h.key)
+    for rid, keys in by_replica.items():
+        _evicted(st, part, rid, keys)

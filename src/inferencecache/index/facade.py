@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar, TypeVarTuple
 
-from inferencecache.index import apply, batch, eviction
+from inferencecache.index import apply, batch, eviction, persist
 from inferencecache.index.backends import default_store_factory
+from inferencecache.index.changes import DEFAULT_MAX_BACKLOG, ChangeFeed, Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.metrics import IndexMetrics, NullMetrics
 from inferencecache.index.model import PROBE_TENANT, CacheState, EventLike, PackedUpdate, UpdateLike
@@ -87,7 +88,33 @@ class Index:
             PolicyTable(config or IndexConfig(), self.settings.default_ttl_us),
         )
         self._sysclock = type(self.clock) is SystemClock  # now_us() = time_ns() // 1000
-        self._batches = batch.Applier(self._state, _compiled_applier(self.store_factory))
+        self._compiled_batches = _compiled_applier(self.store_factory)
+        self._batches = batch.Applier(self._state, self._compiled_batches)
+        self.feed = ChangeFeed()
+
+    # -- change feed (index/changes.py) ---------------------------------------------------
+
+    def observe(self, max_backlog: int = DEFAULT_MAX_BACKLOG) -> Observer:
+        """A new observer of every change applied from now on, in apply order; ``close()`` it
+        when done. It is cut off (``Overflowed``) when it lags more than ``max_backlog``
+        changes behind."""
+        return self.feed.add(max_backlog)
+
+    def _observe_begin(self, now: int) -> None:
+        """Under the lock, before a mutation: collect its changes while anyone observes."""
+        if self.feed.active:
+            st = self._state
+            st.changes = []
+            st.change_now = now
+
+    def _observe_end(self) -> None:
+        """Under the lock, after a mutation: hand its changes to the observers."""
+        st = self._state
+        changes = st.changes
+        if changes is not None:
+            st.changes = None
+            if changes:
+                self.feed.publish(changes)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -117,15 +144,22 @@ class Index:
     # -- ingest ---------------------------------------------------------------------------
 
     def apply_update(
-        self, update: UpdateLike | PackedUpdate, *, allow_probe: bool = False
+        self,
+        update: UpdateLike | PackedUpdate,
+        *,
+        allow_probe: bool = False,
+        now_us: int | None = None,
     ) -> None:
         """Apply one CacheStateUpdate (contract-and-index.md §4.2), then the tenant quota and the
         global cap. The compact form of the server's wire parser (``PackedUpdate``) gives the same
         result. Writes under the reserved probe tenant are dropped unless ``allow_probe`` (the
-        ``/probe`` self-test)."""
-        now = self.clock.now_us()
-        st = self._state
+        ``/probe`` self-test). ``now_us`` replaces the index clock for every time this update
+        stamps or compares (a replica of the event log passes the log entry's time, so every
+        replica stores the same state)."""
+        now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
+            st = self._state  # read under the lock: replace_state swaps it
+            self._observe_begin(now)
             try:
                 if apply.apply_update(st, update, now, allow_probe=allow_probe):
                     tenant = update.tenant_id
@@ -133,41 +167,52 @@ class Index:
                         eviction.enforce_quota(st, tenant)
                     eviction.enforce_cap(st)
             finally:
+                self._observe_end()
                 st.finish()
 
-    def apply_batch(self, data: bytes) -> None:
+    def apply_batch(self, data: bytes, *, now_us: int | None = None) -> None:
         """Apply an ICB1 batch (``index/batch.py``: what the server's wire parsers make of an
-        update or an eviction event, and what an ingest log carries), record by record, each
-        exactly as the update or event it stands for; the probe tenant's records are skipped.
-        ``batch.BatchError`` for bytes that are not a well-formed batch (records before the
-        malformed one stay applied)."""
-        now = _time_ns() // 1000 if self._sysclock else self.clock.now_us()
+        update or an eviction event), record by record, each exactly as the update or event it
+        stands for; the probe tenant's records are skipped. ``now_us`` as in ``apply_update``
+        (an event-log replica passes the log clock). ``batch.BatchError`` for bytes that are
+        not a well-formed batch (records before the malformed one stay applied)."""
+        if now_us is None:
+            now_us = _time_ns() // 1000 if self._sysclock else self.clock.now_us()
         with self._lock:
+            self._observe_begin(now_us)
             try:
-                self._batches.apply(data, now)
+                self._batches.apply(data, now_us)  # reports its changes while observed
             finally:
+                self._observe_end()
                 self._state.finish()
 
-    def apply_event(self, event: EventLike, *, allow_probe: bool = False) -> None:
+    def apply_event(
+        self, event: EventLike, *, allow_probe: bool = False, now_us: int | None = None
+    ) -> None:
         """Apply one CacheEvent (contract-and-index.md §4.4); a batched ``PREFIX_EVICTED``
-        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` as in
-        ``apply_update``."""
-        now = self.clock.now_us()
-        st = self._state
+        (``prefix_hashes``) applies every hash under this one lock. ``allow_probe`` and
+        ``now_us`` as in ``apply_update``."""
+        now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
+            st = self._state
+            self._observe_begin(now)
             try:
                 apply.apply_event(st, event, now, allow_probe=allow_probe)
             finally:
+                self._observe_end()
                 st.finish()
 
-    def sweep(self) -> None:
-        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``."""
-        now = self.clock.now_us()
-        st = self._state
+    def sweep(self, *, now_us: int | None = None) -> None:
+        """TTL sweep (contract-and-index.md §6.2); the server calls it every ``sweep_interval``
+        (an event-log replica at the log's time, ``now_us``)."""
+        now = self.clock.now_us() if now_us is None else now_us
         with self._lock:
+            st = self._state
+            self._observe_begin(now)
             try:
                 eviction.sweep(st, now)
             finally:
+                self._observe_end()
                 st.finish()
 
     # -- reads ----------------------------------------------------------------------------
@@ -188,8 +233,8 @@ class Index:
 
     def counts(self) -> dict[str, int]:
         """Headline sizes: holds, keys (probe included), probe holds, partitions, replicas."""
-        st = self._state
         with self._lock:
+            st = self._state
             return {
                 "holds": st.total_holds,
                 "keys": st.total_keys,
@@ -200,8 +245,8 @@ class Index:
 
     def holds(self) -> list[HoldView]:
         """Every hold, probe tenant included (inspection: tests, debugging; O(holds))."""
-        st = self._state
         with self._lock:
+            st = self._state
             return [
                 HoldView(part.key, h.key, st.replicas.name(h.replica), h.tokens, h.last_seen,
                          h.tier, h.access)
@@ -210,13 +255,52 @@ class Index:
 
     def stats_rows(self) -> list[StatsView]:
         """Every replica stats row (inspection: tests, debugging)."""
-        st = self._state
         with self._lock:
+            st = self._state
             return [
                 StatsView(tm, st.replicas.name(rid), row.cache_memory_bytes, row.hit_rate,
                           row.pressure, row.last_seen, row.stats_reported)
                 for tm, rows in st.stats.items() for rid, row in rows.items()
             ]  # fmt: skip
+
+    # -- state as a whole (event-log snapshots, docs/event-log.md) ----------------------------
+
+    def capture_state(self) -> persist.Capture:
+        """The state at one consistent point (event-log snapshots): a plain copy taken under
+        the lock (one compiled pass per partition); ``.blobs()`` encodes it outside the lock."""
+        with self._lock:
+            return persist.capture(self._state)
+
+    def dump_state(self) -> list[bytes]:
+        """``capture_state().blobs()``: the state as ``persist`` blobs (meta, then one per
+        partition)."""
+        return self.capture_state().blobs()
+
+    def replace_state(self, blobs: list[bytes] | None) -> None:
+        """Replace the whole state by an empty one (``None``) or by ``dump_state`` blobs.
+
+        The new state is built outside the lock and swapped in at once; on a bad dump
+        (``persist.PersistError``) the current state stays. The replica name list object is
+        kept (``Router`` holds it), and every model's ``index_entries`` gauge is re-set."""
+        fresh = IndexState(self.settings, self.store_factory, self.metrics, self._state.policies)
+        if blobs is not None:
+            if not blobs:
+                raise persist.PersistError("empty dump")
+            persist.load(fresh, blobs[0], blobs[1:])
+        with self._lock:
+            old = self._state
+            names = old.replicas.names
+            names[:] = fresh.replicas.names
+            fresh.replicas._names = names
+            fresh.policies = old.policies
+            fresh.mark_models_dirty(old.entries_by_model)
+            fresh.mark_models_dirty(fresh.entries_by_model)
+            self._state = fresh
+            # the batch applier caches partitions and replica ids of one state
+            self._batches = batch.Applier(fresh, self._compiled_batches)
+            fresh.finish()
+            # observers' changes no longer lead to this state: they must resync
+            self.feed.state_replaced()
 
     def verify(self) -> list[str]:
         """Recount every view from the holds (tests; O(holds))."""

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from inferencecache.index.changes import Change
 from inferencecache.index.keys import IdPool, Interner
 from inferencecache.index.metrics import IndexMetrics
 from inferencecache.index.model import PROBE_TENANT
@@ -135,6 +136,10 @@ class IndexState:
         self.tenant_refs: dict[str, int] = {}
         self.replicas_by_tm: dict[TenantModel, dict[int, int]] = {}
         self.stats_rows = 0
+        # the change feed's list for the current operation, None while nobody observes
+        # (index/changes.py); ``change_now`` is that operation's clock for removals
+        self.changes: list[Change] | None = None
+        self.change_now = 0
 
     # -- partitions -----------------------------------------------------------------------
 
@@ -290,6 +295,10 @@ class IndexState:
             del self.stats[tm]
             self._tenant_ref(tm[0], -1)
         return True
+
+    def mark_models_dirty(self, models: dict[str, int] | set[str]) -> None:
+        """Have ``finish`` re-set the ``index_entries`` gauge of these models (a state swap)."""
+        self._dirty_models.update(models)
 
     # -- end of an operation --------------------------------------------------------------
 

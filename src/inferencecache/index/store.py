@@ -25,6 +25,7 @@ Conventions for every method:
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple, Protocol
@@ -257,9 +258,39 @@ def replica_summary(store: PartitionStore) -> dict[int, tuple[int, int]]:
     return out
 
 
+Columns = tuple[bytes, bytes, bytes, bytes, bytes, list[tuple[bytes, int, int, int, int]]]
+"""``dump_columns``: every hold of an 8-byte key as native-order columns (keys, replicas u32,
+tokens i32, last_seen i64, tiers i32), every other hold as a (key, replica, tokens, last_seen,
+tier) tuple."""
+
+
+def dump_columns(store: PartitionStore) -> Columns:
+    """Every hold as columns (event-log snapshots: the compiled store copies them in one pass
+    under the index lock; this default walks ``holds()``)."""
+    keys = bytearray()
+    reps, toks, tss, tiers = array("I"), array("i"), array("q"), array("i")
+    others: list[tuple[bytes, int, int, int, int]] = []
+    for h in store.holds():
+        if len(h.key) == 8:
+            keys += h.key
+            reps.append(h.replica)
+            toks.append(h.tokens)
+            tss.append(h.last_seen)
+            tiers.append(h.tier)
+        else:
+            others.append((h.key, h.replica, h.tokens, h.last_seen, h.tier))
+    return (bytes(keys), reps.tobytes(), toks.tobytes(), tss.tobytes(), tiers.tobytes(),
+            others)
+
+
+def reserve(store: PartitionStore, keys: int) -> None:
+    """Make room for ``keys`` more keys at once (a snapshot load knows how many are coming);
+    the default does nothing."""
+
+
 OPTIONAL: Final = (
     "upsert_many", "remove_holds", "remove_replica", "remove_key", "sweep", "walk_ranked",
-    "cap_candidates", "quota_candidates", "replica_summary",
+    "cap_candidates", "quota_candidates", "replica_summary", "dump_columns", "reserve",
 )  # fmt: skip
 """The capabilities a backend may implement itself (same name and signature, minus ``store``)."""
 
@@ -299,6 +330,8 @@ class PartitionOps:
         self.replica_summary: Callable[[], dict[int, tuple[int, int]]] = _bind(
             store, replica_summary
         )
+        self.dump_columns: Callable[[], Columns] = _bind(store, dump_columns)
+        self.reserve: Callable[[int], None] = _bind(store, reserve)
 
 
 def _bind(store: PartitionStore, default: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import grpc
@@ -20,14 +20,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inferencecache.config import HostPort
+from inferencecache.eventlog import LogNode
+from inferencecache.index.changes import Observer
+from inferencecache.index.facade import Index
 from inferencecache.metrics import LazyChildren
 from inferencecache.server.auth import Authorizer, BearerAuth
 from inferencecache.server.http import AdminBackend, HttpConfig, HttpServer, build_apps
+from inferencecache.server.live import LiveView
 from inferencecache.server.lookup_http import LookupHttpServer
 from inferencecache.server.lookup_path import LookupPath
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
 from inferencecache.server.service import SERVICE_NAME, InferenceCacheService, ServiceBackend
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES
+from inferencecache.server.sink import IngestSink, LogSink
+from inferencecache.server.streams import Streams, StreamSettings
 from inferencecache.server.tls import ReloadingServerCredentials
 from inferencecache.web import ListenError, bind_tcp
 
@@ -38,6 +46,8 @@ HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 class Backend(ServiceBackend, AdminBackend, Protocol):
     def sweep(self) -> None: ...
+
+    def observe(self, max_backlog: int) -> Observer: ...
 
     def close(self) -> None: ...
 
@@ -68,8 +78,19 @@ class Server:
         grpc_workers: int = 256,
         grpc_auth: Authorizer | None = None,
         tls: ReloadingServerCredentials | None = None,
+        log_node: LogNode | None = None,
+        reuse_port: bool = False,
+        streams: StreamSettings | None = None,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self.backend = backend
+        self.log_node = log_node
+        # with the event log, ingest is appended and the follower applies it (server/sink.py)
+        self.sink: IngestSink | None = LogSink(log_node) if log_node is not None else None
+        self.reuse_port = reuse_port
+        self.pd = pd
+        self.templates = templates
         self.listeners = listeners
         self.metrics = metrics
         self.auth = auth
@@ -83,6 +104,15 @@ class Server:
         self.grpc_auth = grpc_auth if grpc_auth is not None else Authorizer()
         self.tls = tls
         self.lookup = LookupPath(backend, metrics, self.grpc_auth)
+        ss = streams if streams is not None else StreamSettings()
+        # streams hold a worker each: never more than half the pool (server/streams.py)
+        ss = replace(ss, max_streams=max(1, min(ss.max_streams, grpc_workers // 2)))
+        self.streams = Streams(backend.observe, metrics.registry, ss)
+        index = getattr(backend, "index", None)
+        # /live/lookup is an admin path (the admin token's rule): its lookups skip the gRPC
+        # credentials check
+        live_lookup = LookupPath(backend, metrics) if self.grpc_auth.required else self.lookup
+        self.live = LiveView(index, live_lookup) if isinstance(index, Index) else None
         self._grpc: grpc.Server | None = None
         self._http: HttpServer | None = None
         self._lookup_http: LookupHttpServer | None = None
@@ -97,8 +127,11 @@ class Server:
         """Bind every listener (``ListenError`` on failure), then start serving.
 
         ``/readyz`` turns 200 once the sweeper runs; tests pass ``start_sweeper=False`` to see
-        the not-ready state and call ``start_sweeper()`` later.
+        the not-ready state and call ``start_sweeper()`` later. With the event log the replica
+        first loads its newest snapshot, and ``/readyz`` also waits until it has caught up.
         """
+        if self.log_node is not None:
+            self.log_node.start()
         http_sock = bind_tcp("--http-address", self.listeners.http)
         admin_sock = lookup_sock = None
         try:
@@ -122,8 +155,9 @@ class Server:
             metrics=self.metrics,
             auth=self.auth,
             backend=self.backend,
-            ready=self._ready.is_set,
+            ready=self._is_ready,
             health=self.health_problem,
+            live=self.live,
         )
         public, admin = build_apps(cfg, separate_admin=admin_sock is not None)
         sites = [(public, http_sock)]
@@ -149,8 +183,14 @@ class Server:
         if start_sweeper:
             self.start_sweeper()
 
+    def _is_ready(self) -> bool:
+        return self._ready.is_set() and (self.log_node is None or self.log_node.ready)
+
     def start_sweeper(self) -> None:
         if self._sweeper is not None or self._stopped.is_set():
+            return
+        if self.log_node is not None:  # the log drives the sweeps (eventlog.applier)
+            self._ready.set()
             return
         self._sweeper = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
         self._sweeper.start()
@@ -161,10 +201,15 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),  # a second server on the same port must fail to bind
+                # a second server on the same port must fail to bind, except the workers of
+                # `serve --workers N`, which share it on purpose
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ],
         )
-        service = InferenceCacheService(self.backend, self.metrics, self.lookup, self.grpc_auth)
+        service = InferenceCacheService(
+            self.backend, self.metrics, self.lookup, self.sink, streams=self.streams, pd=self.pd,
+            templates=self.templates, auth=self.grpc_auth,
+        )  # fmt: skip
         handlers = service.handlers()
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -176,7 +221,7 @@ class Server:
         )
         # Every other health service name answers NOT_FOUND (HealthServicer's default).
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.listeners.grpc.port != 0:
+        if self.listeners.grpc.port != 0 and not self.reuse_port:
             # Probe the address with a plain socket first: a precise one-line error (errno)
             # instead of grpc core's log line plus a generic RuntimeError.
             bind_tcp("--grpc-address", self.listeners.grpc).close()
@@ -201,6 +246,8 @@ class Server:
         self._ready.set()  # ready once the sweeper has started (contract-and-index.md §6.2)
         sweeps = LazyChildren(self.metrics.sweeps)
         while not self._stop_sweeper.wait(self.sweep_interval):
+            if self.live is not None:
+                self.live.expire_if_idle()
             try:
                 self.backend.sweep()
                 sweeps("ok").inc()
@@ -210,7 +257,7 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self._is_ready()
 
     def health_problem(self) -> str | None:
         """``None`` while serving normally, else why ``/healthz`` answers 503: the sweeper
@@ -218,6 +265,10 @@ class Server:
         sweeper = self._sweeper
         if sweeper is not None and not sweeper.is_alive() and not self._stopped.is_set():
             return "degraded: the TTL sweeper thread ended"
+        node = self.log_node
+        if node is not None and self._ready.is_set() and not node.follower.alive \
+                and not self._stopped.is_set():
+            return "degraded: the event-log follower thread ended"
         return None
 
     def stop(self, grace: float = 10.0) -> None:
@@ -230,6 +281,9 @@ class Server:
         self._ready.clear()
         if self._lookup_http is not None:
             self._lookup_http.stop(grace + 5.0)
+        if self.live is not None:
+            self.live.close()
+        self.streams.close()  # open streams end (OK) instead of holding the grace period
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 5.0)
         self._stop_sweeper.set()
@@ -237,4 +291,6 @@ class Server:
             self._sweeper.join(5.0)
         if self._http is not None:
             self._http.stop(grace + 5.0)
+        if self.log_node is not None:
+            self.log_node.stop()
         self.backend.close()

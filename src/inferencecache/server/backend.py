@@ -10,7 +10,10 @@ import dataclasses
 import json
 import logging
 
+from inferencecache.eventlog import LogNode, LogUnavailable
+from inferencecache.eventlog.codec import KIND_POLICY
 from inferencecache.index.backends import store_factory
+from inferencecache.index.changes import Observer
 from inferencecache.index.clock import Clock, SystemClock
 from inferencecache.index.facade import Index
 from inferencecache.index.lookup_route import PromptTokenizer, Router
@@ -69,6 +72,7 @@ class IndexBackend:
         )
         self.router = Router(self.index, tokenizer=tokenizer)
         self.prober = Prober(self.index)
+        self.log_node: LogNode | None = None  # set by `serve --event-log` (policy via the log)
 
     # -- gRPC -----------------------------------------------------------------------------------
 
@@ -93,6 +97,10 @@ class IndexBackend:
     def sweep(self) -> None:
         self.index.sweep()
 
+    def observe(self, max_backlog: int) -> Observer:
+        """A change-feed observer (StreamCacheEvents, the live page)."""
+        return self.index.observe(max_backlog)
+
     # -- HTTP admin -------------------------------------------------------------------------------
 
     def snapshot_json(self) -> bytes:
@@ -103,6 +111,18 @@ class IndexBackend:
             config = decode_policy_body(body)
         except PolicyError as e:
             return str(e)
+        if self.log_node is not None:
+            # every replica replaces it when it applies the entry (LogUnavailable: 503)
+            fut = self.log_node.submit(KIND_POLICY, body)
+            try:
+                fut.result(10.0)
+            except LogUnavailable:
+                raise
+            except Exception as e:
+                raise LogUnavailable("event log did not answer in time") from e
+            log.info("policy appended to the event log",
+                     extra={"policies": len(config.policies), "quotas": len(config.quotas)})
+            return None
         self.index.replace_config(config)
         log.info(
             "policy replaced",

@@ -19,8 +19,10 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from inferencecache.eventlog import LogUnavailable
 from inferencecache.metrics import LazyChildren, metrics_response
 from inferencecache.server.auth import OK, BearerAuth
+from inferencecache.server.live import MAX_LOOKUP_BODY, LiveView, LookupInputError, page_html
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.supervise import Drops
 from inferencecache.web import guard_middleware, read_limited
@@ -55,6 +57,7 @@ class HttpConfig:
     backend: AdminBackend
     ready: Callable[[], bool]
     health: Callable[[], str | None] = lambda: None
+    live: LiveView | None = None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -124,7 +127,10 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
         if isinstance(body, web.Response):
             return body
         loop = asyncio.get_running_loop()
-        err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
+        try:
+            err = await loop.run_in_executor(None, cfg.backend.replace_policy, body)
+        except LogUnavailable:
+            return _text(503, "event log unavailable; retry later\n")
         if err is not None:
             rejected(request, "policy", "invalid", err.strip())
             return _text(400, err.rstrip("\n") + "\n")
@@ -140,9 +146,44 @@ def _admin_routes(app: web.Application, cfg: HttpConfig) -> None:
             rejected(request, "probe", "invalid", out.decode("utf-8", "replace"))
         return web.Response(status=status, body=out, content_type="application/json")
 
+    if cfg.live is not None:
+        _live_routes(app, cfg.live, guarded)
     app.router.add_route("*", "/snapshot", guarded("snapshot", ("GET",), snapshot))
     app.router.add_route("*", "/policy", guarded("policy", ("POST", "PUT"), policy))
     app.router.add_route("*", "/probe", guarded("probe", ("POST",), probe))
+
+
+Guard = Callable[[str, tuple[str, ...], Handler], Handler]
+
+
+def _live_routes(app: web.Application, live: LiveView, guarded: Guard) -> None:
+    """The live page (contract-and-index.md §13.6): the page itself carries no data and is
+    open; its data paths follow the admin rule."""
+    html = page_html()
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=html, content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})  # fmt: skip
+
+    async def state(request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        doc = await loop.run_in_executor(None, live.state)
+        return web.json_response(doc, headers={"Cache-Control": "no-store"})
+
+    async def lookup(request: web.Request) -> web.Response:
+        body = await read_limited(request, MAX_LOOKUP_BODY)
+        if body is None:
+            return _text(400, "lookup body too large\n")
+        loop = asyncio.get_running_loop()
+        try:
+            doc = await loop.run_in_executor(None, live.lookup, body)
+        except LookupInputError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response(doc)
+
+    app.router.add_get("/live", page)
+    app.router.add_route("*", "/live/state", guarded("live", ("GET",), state))
+    app.router.add_route("*", "/live/lookup", guarded("live", ("POST",), lookup))
 
 
 def build_apps(cfg: HttpConfig, separate_admin: bool) -> tuple[web.Application, web.Application]:

@@ -19,7 +19,7 @@ from inferencecache.supervise import drop_counter
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 MAX_MODEL_LABELS = 1024
 OVERFLOW_MODEL = "__other__"
-AUTH_ENDPOINTS = ("snapshot", "policy", "probe")
+AUTH_ENDPOINTS = ("snapshot", "policy", "probe", "live")
 
 
 class ServerMetrics:
@@ -39,12 +39,6 @@ class ServerMetrics:
             "Authorization decisions on gRPC methods and the HTTP lookup listener, by method "
             "and outcome (ok, unauthenticated, permission_denied).",
             ["method", "outcome"],
-            registry=r,
-        )
-        self.reloads = Counter(
-            "inferencecache_server_file_reloads",
-            "Re-reads of a changed --credentials-file or TLS file, by file and result.",
-            ["file", "result"],
             registry=r,
         )
         self.index_entries = Gauge(
@@ -131,6 +125,25 @@ class ServerMetrics:
         )
         # requests whose handling raised unexpectedly, by gRPC method (or "http") and reason
         self.dropped_inputs = drop_counter("inferencecache_server_", r)
+        self.config_reloads = Counter(
+            "inferencecache_server_config_reloads",
+            "Re-reads of a changed --pd-topology-file, --template-dir, --credentials-file or TLS "
+            "file, by file kind and result (error: the last good version stays in use).",
+            ["file", "result"],
+            registry=r,
+        )
+        self.pd_route_calls = Counter(
+            "inferencecache_pd_route_calls",
+            "LookupPDRoute calls by reason_code.",
+            ["reason_code"],
+            registry=r,
+        )
+        self.render_template_calls = Counter(
+            "inferencecache_render_template_calls",
+            "RenderTemplate calls by reason_code.",
+            ["reason_code"],
+            registry=r,
+        )
         self.sweeps = Counter(
             "inferencecache_server_sweeps", "TTL sweeps run (and failed).", ["result"], registry=r
         )

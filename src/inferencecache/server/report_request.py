@@ -15,95 +15,41 @@ message protobuf cannot decode becomes ``lookup_wire.UNDECODABLE`` (``INVALID_AR
 
 from __future__ import annotations
 
-from inferencecache import accelerators, updatewire
-from inferencecache.index.model import LegacyRun, PackedUpdate, Prefix, PrefixLike, Stats, Update
+from inferencecache.index.model import PackedUpdate, Update
 from inferencecache.server import lookup_wire
+from inferencecache.updatewire.index_input import (
+    decode_event_for_apply,
+    decode_protobuf,
+    decode_update_for_apply,
+    packed_from_parsed,
+    update_from_message,
+)
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
-
-def update_from_message(msg: pb.CacheStateUpdate) -> Update:
-    """The index's input shape; the repeated ``PrefixEntry`` container passes straight in."""
-    return Update(
-        replica_id=msg.replica_id,
-        model_id=msg.model_id,
-        tenant_id=msg.tenant_id,
-        hash_scheme=msg.hash_scheme,
-        timestamp_us=msg.timestamp_us,
-        prefixes=msg.prefixes,
-        stats=msg.stats if msg.HasField("stats") else None,
-        adapter_id=msg.adapter_id,
-    )
-
-
-def packed_from_parsed(parsed: updatewire.Parsed) -> PackedUpdate:
-    """``updatewire.parse_update``'s tuples → ``PackedUpdate`` (a few objects per update)."""
-    replica, model, tenant, scheme, ts, adapter, items, stats = parsed
-    entries: list[LegacyRun | PrefixLike] = []
-    for it in items:
-        if len(it) == 4:
-            entries.append(LegacyRun(*it))  # type: ignore[arg-type]
-        else:
-            ph, tc, hashes, counts, tier, ad = it  # type: ignore[misc]
-            entries.append(Prefix(ph, tc, hashes, counts, tier, ad))
-    return PackedUpdate(
-        replica_id=replica,
-        model_id=model,
-        tenant_id=tenant,
-        hash_scheme=scheme,
-        timestamp_us=ts,
-        entries=entries,
-        stats=Stats(*stats) if stats is not None else None,
-        adapter_id=adapter,
-    )
+__all__ = [
+    "packed_from_parsed", "parse_event_request", "parse_slow", "parse_update_request",
+    "update_from_message",
+]  # fmt: skip
 
 
 def parse_event_request(buf: bytes) -> bytes | pb.CacheEvent | lookup_wire._Undecodable:
     """gRPC request deserializer for PublishEvent: never raises. A batched ``PREFIX_EVICTED``
     with 8-byte hashes becomes an ICB1 batch (``bytes``); any other event is protobuf's."""
-    pack = updatewire.pack_event
-    if pack is not None:
-        try:
-            packed = pack(buf)
-        except Exception:  # defensive, as above
-            packed = None
-        if packed is not None:
-            return packed
-    try:
-        event: pb.CacheEvent = pb.CacheEvent.FromString(buf)
-    except Exception:
-        return lookup_wire.UNDECODABLE
-    return event
+    event = decode_event_for_apply(buf)
+    return lookup_wire.UNDECODABLE if event is None else event
 
 
 def parse_slow(buf: bytes) -> Update | lookup_wire._Undecodable:
     """Protobuf's decoding: the definition of *decodable*."""
-    try:
-        msg = pb.CacheStateUpdate.FromString(buf)
-    except Exception:  # DecodeError, and whatever else a broken message makes protobuf raise
-        return lookup_wire.UNDECODABLE
-    return update_from_message(msg)
+    update = decode_protobuf(buf)
+    return lookup_wire.UNDECODABLE if update is None else update
 
 
 def parse_update_request(
     buf: bytes,
 ) -> bytes | PackedUpdate | Update | lookup_wire._Undecodable:
     """gRPC request deserializer for ReportCacheState: never raises. The usual update (one run
-    of legacy entries) becomes an ICB1 batch (``bytes``, ``Index.apply_batch``)."""
-    pack = updatewire.pack_update
-    if pack is not None:
-        try:
-            packed = pack(buf)
-        except Exception:  # defensive: a parser bug must not turn into a gRPC error
-            packed = None
-        if packed is not None:
-            return packed
-    parse = updatewire.parse_update
-    if parse is not None:
-        try:
-            parsed = parse(buf)
-        except Exception:  # defensive: a parser bug must not turn into a gRPC error
-            parsed = None
-        if parsed is not None:
-            return packed_from_parsed(parsed)
-        accelerators.fell_back("update_request")
-    return parse_slow(buf)
+    of legacy entries) becomes an ICB1 batch (``bytes``, ``Index.apply_batch``); the decoder
+    itself is ``updatewire.index_input``, shared with the event-log replicas."""
+    update = decode_update_for_apply(buf)
+    return lookup_wire.UNDECODABLE if update is None else update

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import grpc
@@ -56,7 +57,10 @@ from inferencecache.server.auth import (
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.lookup_wire import encode_response
 from inferencecache.server.metrics import ServerMetrics
-from inferencecache.server.report_request import parse_event_request, parse_update_request
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates
+from inferencecache.server.sink import DirectSink, IngestSink, LogUnavailable, safe_deserializer
+from inferencecache.server.streams import Aborted, Streams
 from inferencecache.supervise import Drops, RateLimitedLog
 from inferencecache.v1alpha1 import inferencecache_pb2 as pb
 
@@ -64,6 +68,7 @@ log = logging.getLogger("inferencecache.server")
 
 SERVICE_NAME = "inferencecache.v1alpha1.InferenceCache"
 _NO_DEADLINE = 1e9  # grpcio reports "no deadline" as ~9.2e18 seconds remaining
+_APPEND_WAIT = 10.0  # longest wait for the event log to take an ingest message (s)
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -149,18 +154,6 @@ class ServiceBackend(Protocol):
     def cache_state(self, tenant_id: str, model_id: str) -> CacheStateView: ...
 
 
-def _safe_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
-    parse = message_cls.FromString
-
-    def deserialize(buf: bytes) -> Any:
-        try:
-            return parse(buf)
-        except Exception:
-            return lookup_wire.UNDECODABLE
-
-    return deserialize
-
-
 class InferenceCacheService:
     """Method implementations; ``handlers()`` returns the grpcio registration."""
 
@@ -169,11 +162,19 @@ class InferenceCacheService:
         backend: ServiceBackend,
         metrics: ServerMetrics,
         lookup: LookupPath | None = None,
+        sink: IngestSink | None = None,
+        streams: Streams | None = None,
+        *,
+        pd: PDRoutes | None = None,
+        templates: Templates | None = None,
         auth: Authorizer | None = None,
     ) -> None:
         self._backend = backend
         self._auth = auth if auth is not None else Authorizer()
+        self._streams = streams or Streams(getattr(backend, "observe", None), metrics.registry)
         self._metrics = metrics
+        # where accepted ingest goes: the local index, or the event log (server/sink.py)
+        self._sink: IngestSink = sink if sink is not None else DirectSink(backend)
         self._undecodable = LazyChildren(metrics.undecodable)
         self._ingested = LazyChildren(metrics.ingest_messages)
         self._stream_errors = LazyChildren(metrics.stream_errors)
@@ -181,28 +182,48 @@ class InferenceCacheService:
         self._drops = Drops(metrics.dropped_inputs, log)
         self._lookup = lookup or LookupPath(backend, metrics, logs=self._logs, drops=self._drops)
         self._ingest_errors = LazyChildren(metrics.ingest_errors)
+        self._pd = pd
+        self._templates = templates
 
-    # -- stubs (contract-and-index.md §2.2) --------------------------------------------------------
+    # -- templates and P/D routes (contract-and-index.md §5.14, §5.15) --------------------------
 
     def render_template(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "RenderTemplate")
-        return pb.RenderTemplateResponse(reason_code="OK")
+        if self._templates is None:
+            return pb.RenderTemplateResponse(reason_code="TEMPLATE_NOT_FOUND")
+        return self._templates.answer(request)
 
     def lookup_pd_route(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request is lookup_wire.UNDECODABLE:
-            self._bad_request("LookupPDRoute", context)
-        return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        if request is lookup_wire.UNDECODABLE or self._pd is None:
+            if request is lookup_wire.UNDECODABLE:
+                self._bad_request("LookupPDRoute", context)
+            return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+        return self._pd.answer(request)
+
+    # -- streams (contract-and-index.md §13; server/streams.py) ----------------------------------
 
     def stream_cache_events(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamCacheEvents")
-        return iter(())
+        scope = self._stream_scope(request, context)
+        if scope is None:
+            return iter(())
+        return self._streams.cache_events(request, context, *scope)
+
+    def _stream_scope(self, request: Any, context: grpc.ServicerContext) -> tuple[str, str] | None:
+        """(tenant, model) an observer may see, or None for nothing (the probe tenant, as
+        GetCacheState answers it). Today every caller may read every tenant, as with
+        GetCacheState; an authorization check for GetCacheState belongs here too (empty
+        ``tenant_id`` = every tenant is then the privileged case)."""
+        if request.tenant_id == PROBE_TENANT:
+            return None
+        return str(request.tenant_id), str(request.model_id)
 
     def stream_metrics(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "StreamMetrics")
-        return iter(())
+        return self._streams.metrics(request, context)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -264,13 +285,20 @@ class InferenceCacheService:
                 self._stream_errors("cancelled").inc()
 
         context.add_callback(on_termination)
+        pending: list[Future[None]] = []
         try:
             for msg in request_iterator:
                 if msg is lookup_wire.UNDECODABLE:
                     ended.append("undecodable")
                     self._stream_errors("undecodable").inc()
                     self._reject(context, "ReportCacheState")
-                self._apply(msg, "update")
+                fut = self._apply(msg, "update")
+                if fut is not None:
+                    pending.append(fut)
+            self._settle(pending, "update", context)
+        except LogUnavailable:
+            ended.append("unavailable")
+            self._unavailable(context)
         except _Rejected:
             ended.append("refused")  # an update the credential may not send: counted there
             raise
@@ -280,20 +308,47 @@ class InferenceCacheService:
     def publish_event(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request is lookup_wire.UNDECODABLE:
             self._reject(context, "PublishEvent")
-        self._apply(request, "event")
+        try:
+            fut = self._apply(request, "event")
+            if fut is not None:
+                self._settle([fut], "event", context)
+        except LogUnavailable:
+            self._unavailable(context)
         return pb.Ack(accepted=True)
 
-    def _apply(self, msg: Any, kind: str) -> None:
-        """Apply one update or event. An exception inside the index (a bug, never bad input the
-        contract allows) skips that message, is counted and logged (rate-limited); the stream
-        goes on, so a producer is not pushed into a resend loop by one poisoned message."""
+    def _settle(
+        self, pending: list[Future[None]], kind: str, context: grpc.ServicerContext
+    ) -> None:
+        """Wait until the event log holds every message (``LogUnavailable`` if it failed)."""
+        if not pending:
+            return
+        remaining = context.time_remaining()
+        timeout = _APPEND_WAIT if remaining is None else max(0.0, min(remaining, _APPEND_WAIT))
+        for fut in pending:
+            try:
+                fut.result(timeout)
+            except LogUnavailable:
+                raise
+            except Exception as e:  # the wait timed out: the outcome is unknown, resend
+                raise LogUnavailable("event log did not answer in time") from e
+        self._ingested(kind).inc(len(pending))
+
+    def _unavailable(self, context: grpc.ServicerContext) -> None:
         try:
-            if type(msg) is bytes:  # an ICB1 batch of the request deserializer
-                self._backend.apply_batch(msg)
-            elif kind == "update":  # already translated by the request deserializer
-                self._backend.apply_update(msg)
-            else:
-                self._backend.apply_event(msg)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "event log unavailable; retry later")
+        except Exception as e:  # grpcio's abort raises a bare Exception
+            raise _Rejected from e
+
+    def _apply(self, msg: Any, kind: str) -> Future[None] | None:
+        """Hand one update or event to the sink: applied now (None), or a Future for its
+        append to the event log (``LogUnavailable`` propagates: the RPC answers UNAVAILABLE).
+        An exception inside the index (a bug, never bad input the contract allows) skips that
+        message, is counted and logged (rate-limited); the stream goes on, so a producer is not
+        pushed into a resend loop by one poisoned message."""
+        try:
+            fut = self._sink.accept(kind, msg)  # already translated by the deserializer
+        except LogUnavailable:
+            raise
         except Exception as e:
             self._ingest_errors(kind).inc()
             self._drops.drop(
@@ -301,8 +356,10 @@ class InferenceCacheService:
                 e,
                 replica_id=getattr(msg, "replica_id", ""),
             )
-            return
-        self._ingested(kind).inc()
+            return None
+        if fut is None:
+            self._ingested(kind).inc()
+        return fut
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -370,13 +427,17 @@ class InferenceCacheService:
                 if checked:
                     request = self._authorized(method, request, context)
                 return fn(request, context)
-            except (_Rejected, grpc.RpcError):
+            except (_Rejected, Aborted, grpc.RpcError):
                 raise
             except Exception as e:
                 reason = self._drops.drop(method, e, peer=_peer(context))
                 if method == "LookupRoute":
                     return self._lookup.fail_open(getattr(request, "model_id", ""),
                                                   encode_response)  # fmt: skip
+                if method == "LookupPDRoute":  # fail-open too (contract-and-index.md §5.14)
+                    return pb.LookupPDRouteResponse(reason_code=Reason.NO_HINT)
+                if method == "RenderTemplate":  # never a crash (contract-and-index.md §5.15)
+                    return pb.RenderTemplateResponse(reason_code="RENDER_ERROR")
                 context.abort(grpc.StatusCode.INTERNAL, f"{method}: request dropped ({reason})")
 
         return call
@@ -386,7 +447,7 @@ class InferenceCacheService:
         unary = grpc.unary_unary_rpc_method_handler
         stream_in = grpc.stream_unary_rpc_method_handler
         stream_out = grpc.unary_stream_rpc_method_handler
-        safe = _safe_deserializer
+        safe = safe_deserializer
         # LookupRoute and ReportCacheState have their own wire parsers (lookup_wire.py,
         # report_request.py); lookup_route returns the response bytes itself.
         table: dict[str, tuple[Any, Callable[..., Any], Callable[[bytes], Any]]] = {
@@ -394,8 +455,9 @@ class InferenceCacheService:
             "LookupRoute": (unary, self.lookup_route, lookup_wire.parse_lookup_request),
             "LookupPDRoute": (unary, self.lookup_pd_route, safe(pb.LookupPDRouteRequest)),
             "GetCacheState": (unary, self.get_cache_state, safe(pb.GetCacheStateRequest)),
-            "ReportCacheState": (stream_in, self.report_cache_state, parse_update_request),
-            "PublishEvent": (unary, self.publish_event, parse_event_request),
+            "ReportCacheState": (stream_in, self.report_cache_state,
+                                 self._sink.update_deserializer()),
+            "PublishEvent": (unary, self.publish_event, self._sink.event_deserializer()),
             "StreamCacheEvents": (stream_out, self.stream_cache_events,
                                   safe(pb.StreamEventsRequest)),
             "StreamMetrics": (stream_out, self.stream_metrics, safe(pb.StreamMetricsRequest)),

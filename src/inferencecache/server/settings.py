@@ -15,6 +15,7 @@ from inferencecache.config import (
     parse_host_port,
     setting,
 )
+from inferencecache.eventlog.redislog import check_url
 from inferencecache.index.backends import STORE_BACKENDS
 
 DEFAULT_GRPC_ADDRESS = HostPort("127.0.0.1", 9090)
@@ -113,6 +114,18 @@ class ServeSettings:
     policy_file: str = setting(
         "", help="Per-tenant policies and quotas (YAML or JSON), read at startup.", metavar="PATH"
     )
+    pd_topology_file: str = setting(
+        "",
+        help="Prefill/decode topologies for LookupPDRoute (YAML or JSON); re-read when the "
+        "file changes (an invalid new version keeps the last good one).",
+        metavar="PATH",
+    )
+    template_dir: str = setting(
+        "",
+        help="Prompt templates for RenderTemplate: <DIR>/<tenant_id>/<name>.j2, each re-read "
+        "when it changes; unset: every template is TEMPLATE_NOT_FOUND.",
+        metavar="DIR",
+    )
     block_size: int = setting(
         16,
         help="Tokens per fingerprint block (ENGINE_BLOCK_SIZE); must equal the engines', "
@@ -167,10 +180,63 @@ class ServeSettings:
         help="gRPC worker threads. Each open ReportCacheState stream holds one for its "
         "lifetime, so keep this above the number of subscribers plus lookup concurrency.",
     )
+    max_streams: int = setting(
+        32,
+        help="Open StreamCacheEvents/StreamMetrics streams allowed at once (each holds a gRPC "
+        "worker; clamped to half of --grpc-workers); one more is refused RESOURCE_EXHAUSTED.",
+    )
+    stream_max_backlog: int = setting(
+        100_000,
+        help="Index changes a StreamCacheEvents observer may lag behind before it is "
+        "disconnected with RESOURCE_EXHAUSTED (it never slows ingest).",
+    )
+    stream_metrics_interval: float = setting(
+        5.0, param=DURATION, help="Period of StreamMetrics samples (the first one is at once)."
+    )
     shutdown_grace: float = setting(
         10.0,
         param=DURATION,
         help="On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are cancelled.",
+    )
+    event_log: str = setting(
+        "",
+        help="Shared event log: redis://HOST:PORT/DB or rediss://... (Redis >= 7 or Valkey). "
+        "Every accepted ingest is appended to it and every replica applies it in order; "
+        "unset: the index lives in this process only.",
+        metavar="URL",
+    )
+    event_log_password_file: str = setting(
+        "", help="File with the event log's Redis password (overrides the URL's).", metavar="PATH"
+    )
+    event_log_key: str = setting(
+        "inferencecache",
+        help="Key prefix of the event log in Redis ({PREFIX}:log, :seq, :policy); one per "
+        "shard when several logs share a Redis.",
+    )
+    event_log_retention: float = setting(
+        0.0,
+        param=DURATION,
+        help="How long entries stay in the log (XTRIM MINID); 0 = the largest hold TTL + 10m.",
+    )
+    snapshot_dir: str = setting(
+        "",
+        help="Directory for this replica's index snapshots (with --event-log); start-up loads "
+        "the newest valid one and replays the log from there.",
+        metavar="DIR",
+    )
+    snapshot_interval: float = setting(
+        300.0, param=DURATION, help="How often a replica writes a snapshot (with --snapshot-dir)."
+    )
+    max_replica_lag: float = setting(
+        2.0,
+        param=DURATION,
+        help="/readyz is 503 until the replica has caught up to within this of the log head.",
+    )
+    workers: int = setting(
+        1,
+        help="Server processes sharing the gRPC port (SO_REUSEPORT), each a replica of the "
+        "event log (needs --event-log); the parent serves HTTP and labels each worker's "
+        "metrics.",
     )
     log_level: str = log_level_setting()
 
@@ -183,8 +249,33 @@ class ServeSettings:
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0 = unbounded), got {getattr(self, name)}")
+        if self.event_log:
+            try:
+                check_url(self.event_log)
+            except ValueError as e:
+                raise ValueError(f"--event-log {e}") from None
+        elif self.workers > 1:
+            raise ValueError("--workers above 1 needs --event-log (each worker is a replica)")
+        elif self.snapshot_dir:
+            raise ValueError("--snapshot-dir needs --event-log")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if not self.event_log_key or any(c in self.event_log_key for c in "{}"):
+            raise ValueError("--event-log-key must be non-empty, without { or }")
+        if self.event_log_retention < 0:
+            raise ValueError("--event-log-retention must be >= 0 (0 = automatic)")
+        if self.snapshot_interval <= 0:
+            raise ValueError("--snapshot-interval must be > 0")
+        if self.max_replica_lag <= 0:
+            raise ValueError("--max-replica-lag must be > 0")
         if self.grpc_workers < 1:
             raise ValueError(f"--grpc-workers must be >= 1, got {self.grpc_workers}")
+        if self.max_streams < 1:
+            raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
+        if self.stream_max_backlog < 1:
+            raise ValueError(f"--stream-max-backlog must be >= 1, got {self.stream_max_backlog}")
+        if not self.stream_metrics_interval > 0:
+            raise ValueError("--stream-metrics-interval must be > 0")
         if self.shutdown_grace < 0:
             raise ValueError("--shutdown-grace must be >= 0")
         if self.tenant_hot_max_age < 0:

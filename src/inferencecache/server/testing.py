@@ -7,22 +7,28 @@ client stub on a fresh channel. Everything is stopped on exit, also when the tes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
 from inferencecache.config import HostPort
 from inferencecache.index.clock import Clock
 from inferencecache.index.lookup_route import PromptTokenizer
+from inferencecache.index.pd_topology import Topologies
 from inferencecache.index.settings import IndexSettings
 from inferencecache.index.tenant_config import IndexConfig
 from inferencecache.server.app import Listeners, Server
 from inferencecache.server.auth import Authorizer, BearerAuth, CredentialsFile
 from inferencecache.server.backend import IndexBackend
 from inferencecache.server.metrics import ServerMetrics
+from inferencecache.server.pd_route import PDRoutes
+from inferencecache.server.render_template import Templates, TextTokenizers
+from inferencecache.server.streams import StreamSettings
 from inferencecache.server.tls import ReloadingServerCredentials, TlsFiles
+from inferencecache.templates import TemplateRegistry
 from inferencecache.v1alpha1 import inferencecache_pb2_grpc as pb_grpc
 
 LOOPBACK = "127.0.0.1"
@@ -76,6 +82,10 @@ def running_server(
     sweep_interval: float | None = None,
     grpc_workers: int = 32,
     lookup_http: bool = False,
+    streams: StreamSettings | None = None,
+    pd_topologies: Topologies | Callable[[], Topologies] | None = None,
+    template_dir: str | Path | None = None,
+    text_tokenizers: TextTokenizers | None = None,
     credentials_file: str | None = None,
     tls: TlsFiles | None = None,
 ) -> Iterator[RunningServer]:
@@ -101,11 +111,25 @@ def running_server(
         ),
         grpc_workers=grpc_workers,
         grpc_auth=Authorizer(
-            CredentialsFile(credentials_file, metrics.reloads) if credentials_file else None,
+            CredentialsFile(credentials_file, metrics.config_reloads) if credentials_file else None,
             mtls=tls is not None and tls.mtls,
             outcomes=metrics.grpc_auth,
         ),
-        tls=ReloadingServerCredentials(tls, metrics.reloads) if tls is not None else None,
+        tls=ReloadingServerCredentials(tls, metrics.config_reloads) if tls is not None else None,
+        streams=streams,
+        pd=PDRoutes(
+            backend.router,
+            metrics,
+            pd_topologies if callable(pd_topologies) else lambda: pd_topologies or {},
+        ),
+        templates=Templates(
+            TemplateRegistry(template_dir, reloads=metrics.config_reloads, every=0.0)
+            if template_dir is not None
+            else None,
+            metrics,
+            block_size=backend.index.settings.engine_block_size,
+            tokenizers=text_tokenizers,
+        ),
     )
     running = RunningServer(server, backend, metrics)
     try:

@@ -80,5 +80,6 @@ def demo(settings: DemoSettings) -> int:
         policy_params=cluster.merged_params(engine, overrides),
         duration=settings.duration,
         out=Path(settings.out),
+        event_log=settings.event_log,
     )
     return run(plan)

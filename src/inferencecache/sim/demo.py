@@ -19,7 +19,9 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from inferencecache.engines.simulated import EngineParams
-from inferencecache.procs import Child, ChildFailed, Children
+from inferencecache.procs import Child, ChildFailed, Children, RedisServer
 from inferencecache.sim import cluster, report
 from inferencecache.sim.simulator import replica_names, warmup_tokens
 from inferencecache.sim.workloads import Request, WorkloadSpec, adapters_of, generate
@@ -58,6 +60,24 @@ class DemoPlan:
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     duration: float = 0.0  # 0 = send every request; else only those arriving before it
     out: Path = Path("demo-out")
+    event_log: bool = False  # the server on a private Redis log; + cache_aware in process
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The rows of the run: the policies, and with ``event_log`` the in-process variant of
+        cache_aware right after it."""
+        if not self.event_log or "cache_aware" not in self.policies:
+            return self.policies
+        out: list[str] = []
+        for p in self.policies:
+            out.append(p)
+            if p == "cache_aware":
+                out.append(IN_PROCESS)
+        return tuple(out)
+
+
+IN_PROCESS = "cache_aware (in-process replica)"
+"""The demo row of ``gateway --event-log``: cache_aware asking a replica in its own process."""
 
 
 @dataclass(slots=True)
@@ -77,6 +97,7 @@ class Cluster:
     server_http: str = ""
     lookup_http: str = ""  # the server's HTTP lookup listener (the gateways' hint path)
     engines: dict[str, str] = field(default_factory=dict)  # replica -> http host:port
+    event_log: str = ""  # the private Redis's URL with DemoPlan.event_log
 
 
 def _addr(rec: dict[str, Any], key: str) -> str:
@@ -92,13 +113,14 @@ def _start(children: Children, name: str, args: list[str]) -> Child:
     return children.start(*args, name=name, new_session=True)
 
 
-def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
+def start_cluster(plan: DemoPlan, children: Children, event_log: str = "") -> Cluster:
     """Server + engines (in parallel), then one subscriber per engine."""
     eng = plan.engine
-    c = Cluster()
+    c = Cluster(event_log=event_log)
     server = _start(children, "server", [
         "serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--lookup-http-address", "127.0.0.1:0", "--block-size", str(eng.block_size),
+        *(["--event-log", event_log] if event_log else []),
     ])
     adapters = adapters_of(plan.workload)
     lora = ",".join(f"{i + 1}={a}" for i, a in enumerate(adapters))
@@ -152,16 +174,19 @@ def start_cluster(plan: DemoPlan, children: Children) -> Cluster:
 def spawn_gateway(plan: DemoPlan, c: Cluster, children: Children, policy: str) -> Child:
     """Start one gateway process (its address comes from :func:`gateway_address`)."""
     engines = ",".join(f"{n}=http://{a}" for n, a in c.engines.items())
+    in_process = policy == IN_PROCESS
+    base = "cache_aware" if in_process else policy
     args = [
         "gateway", "--engines", engines, "--server", c.grpc,
-        "--lookup-url", f"http://{c.lookup_http}",  # hints over HTTP: the cheaper path
-        "--http-address", "127.0.0.1:0", "--routing-policy", policy,
+        "--http-address", "127.0.0.1:0", "--routing-policy", base,
         "--block-size", str(plan.engine.block_size), "--tenant-id", cluster.TENANT,
     ]
-    params = plan.policy_params.get(policy)
+    # hints from an in-process event-log replica, else over HTTP (the cheaper hop)
+    args += ["--event-log", c.event_log] if in_process else ["--lookup-url", f"http://{c.lookup_http}"]
+    params = plan.policy_params.get(base)
     if params:
         args += ["--routing-params", cluster.format_params(params)]
-    return _start(children, f"gateway-{policy}", args)
+    return _start(children, f"gateway-{'cache_aware-replica' if in_process else policy}", args)
 
 
 def gateway_address(child: Child) -> str:
@@ -171,7 +196,7 @@ def gateway_address(child: Child) -> str:
 def start_gateways(plan: DemoPlan, c: Cluster, children: Children) -> dict[str, list[Child]]:
     """Every policy's gateways at once (they idle until their turn), ready when this returns."""
     out = {p: [spawn_gateway(plan, c, children, p) for _ in range(plan.gateways)]
-           for p in plan.policies}
+           for p in plan.runs}
     for kids in out.values():
         for child in kids:
             gateway_address(child)
@@ -319,10 +344,10 @@ async def run_policies(
         with progress:
             tasks = {
                 p: progress.add_task(p, total=len(requests), note="waiting", start=False)
-                for p in plan.policies
+                for p in plan.runs
             }
             all_gateways = await asyncio.to_thread(start_gateways, plan, c, children)
-            for policy in plan.policies:
+            for policy in plan.runs:
                 task = tasks[policy]
                 progress.start_task(task)
                 progress.update(task, note="resetting engines")
@@ -359,6 +384,7 @@ def run(plan: DemoPlan, console: Console | None = None) -> int:
     console = console or Console()
     children = Children(stop_timeout=5.0, together=True)  # SIGTERM to all: parallel shutdown
     started = time.monotonic()
+    cleanup: list[Callable[[], None]] = []  # after the children: the private Redis, its dir
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -371,7 +397,15 @@ def run(plan: DemoPlan, console: Console | None = None) -> int:
             f"{plan.workload.requests} requests at {plan.workload.rate:g}/s each"
         )
         with console.status("starting server, engines and subscribers"):
-            c = await asyncio.to_thread(start_cluster, plan, children)
+            url = ""
+            if plan.event_log:
+                redis_dir = tempfile.mkdtemp(prefix="inferencecache-demo-redis-")
+                cleanup.append(lambda: shutil.rmtree(redis_dir, ignore_errors=True))
+                redis_srv = RedisServer(redis_dir)
+                cleanup.insert(0, redis_srv.stop)
+                await asyncio.to_thread(redis_srv.start)
+                url = redis_srv.url
+            c = await asyncio.to_thread(start_cluster, plan, children, url)
         console.print(
             f"cluster up in {time.monotonic() - started:.1f}s: server {c.grpc}, engines "
             + ", ".join(f"{n}={a}" for n, a in c.engines.items())
@@ -387,7 +421,11 @@ def run(plan: DemoPlan, console: Console | None = None) -> int:
         console.print(f"[red]demo failed:[/red] {e}")
         return 1
     finally:
-        children.stop_all()
+        try:
+            children.stop_all()
+        finally:
+            for fn in cleanup:
+                fn()
     out = plan.out
     json_path = report.write_json(out / "results.json", doc)
     title = (f"inferencecache demo: {plan.workload.name}, {plan.replicas} engines, "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from dataclasses import dataclass
 from typing import Any, Final
 
 import click
 
-from inferencecache.config import DURATION, setting
+from inferencecache.config import DURATION, GO_BOOL, setting
 from inferencecache.engines.simulated import EngineParams
 from inferencecache.sim import cluster
 from inferencecache.sim.simulator import DEFAULT_SERIES_WINDOW_S
@@ -195,9 +196,18 @@ class DemoSettings(EngineFlags):
     )
     out: str = setting("demo-out", help="Directory for results.json and results.png.",
                        metavar="DIR")
+    event_log: bool = setting(
+        False, param=GO_BOOL,
+        help="Run the server on the shared event log of a private redis-server (needs "
+        "redis-server on PATH) and add cache_aware answered by an in-process replica in the "
+        "gateway (no gRPC hop), to compare both hint overheads (docs/event-log.md).",
+    )
 
     def __post_init__(self) -> None:
         _check_common(self)
+        if self.event_log and shutil.which("redis-server") is None:
+            raise ValueError("--event-log: redis-server is not installed "
+                             "(apt-get install -y redis-server)")
         if not (self.duration >= 0 and math.isfinite(self.duration)):
             raise ValueError(f"--duration: must be >= 0, got {self.duration}")
         if not self.out:

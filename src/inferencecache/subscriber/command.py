@@ -46,6 +46,7 @@ async def _main(settings: SubscribeSettings, metrics_sock: socket.socket) -> int
         {
             "replica_id": settings.replica_id,
             "model_id": settings.model_id,
+            "replica_role": settings.replica_role,
             "tenant_id": settings.tenant_id,
             "hash_scheme": settings.hash_scheme,
             "block_size": settings.block_size,

@@ -140,6 +140,8 @@ class Intake:
                         break
                     kind = event["event"]
                     if kind == zmq.EVENT_CONNECTED:
+                        if not self._connected:
+                            log.info("connected to the engine", extra={"endpoint": self.endpoint})
                         self._connected = True
                     elif kind == zmq.EVENT_DISCONNECTED and self._connected:
                         self._connected = False

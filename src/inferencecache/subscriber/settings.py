@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+import click
+
 from inferencecache.channels import (
     ChannelSecurity,
     auth_token_file_setting,
@@ -58,6 +60,13 @@ class SubscribeSettings:
 
     replica_id: str = setting("", required=True, help="Replica identity (sidecar: pod name).")
     model_id: str = setting("", required=True, help="Served model id (an index key).")
+    replica_role: str = setting(
+        "both",
+        param=click.Choice(["prefill", "decode", "both"]),
+        help="The engine's role in a disaggregated prefill/decode fleet. A label only (on "
+        "inferencecache_subscriber_info and the startup log): the server's --pd-topology-file "
+        "decides roles, since no contract field carries one.",
+    )
     engine_endpoint: str = setting(
         "tcp://127.0.0.1:5557", param=ZMQ_ENDPOINT, help="Engine PUB endpoint to connect to."
     )
