@@ -178,6 +178,7 @@ def _load_doc(st: IndexState, doc: dict[str, Any], blobs: Sequence[bytes]) -> No
         st.parts[key] = part
         st.parts_by_tm.setdefault(part.tm, {})[part.pid] = part
         st.parts_by_tenant.setdefault(part.tenant, {})[part.pid] = part
+        st._tenant_ref(part.tenant, 1)  # the per-producer bounds' count (index/bounds.py)
         _load_holds(part, memoryview(blob), n_names)
         if not part.store.key_count():
             raise PersistError(f"empty partition {key!r}")
