@@ -21,6 +21,7 @@ CacheStateUpdate (``cache_state_update.py``):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from inferencecache import accelerators, updatewire
@@ -111,8 +112,13 @@ def _entries_flat(entries: Any) -> list[tuple[Any, ...]]:
 def _stats_norm(stats: Any) -> tuple[Any, ...] | None:
     if stats is None:
         return None
-    return (stats.cache_memory_bytes, stats.hit_rate, stats.pressure, stats.t2_hit_tokens,
-            stats.t2_query_tokens)
+    return (stats.cache_memory_bytes, _float_norm(stats.hit_rate), _float_norm(stats.pressure),
+            stats.t2_hit_tokens, stats.t2_query_tokens)
+
+
+def _float_norm(x: float) -> float | str:
+    """NaN compares unequal to itself: two readings that agree on a NaN must compare equal."""
+    return "nan" if math.isnan(x) else x
 
 
 def _update_norm(u: Update | PackedUpdate) -> tuple[Any, ...]:

@@ -127,8 +127,8 @@ def test_e2e_replicas_restart_from_snapshot_and_survive_redis_outage(
             "subscribe", "--replica-id", "replica-a", "--model-id", MODEL, "--engine-endpoint",
             ready["endpoint"], "--server", a.grpc_address, "--metrics-address", "127.0.0.1:0",
             "--window", "20ms", "--block-size", str(BLOCK))
-        sub.wait_log("metrics listening", timeout=20)
-        wait_until(lambda: a.ready() and b.ready(), 20, "both replicas ready")
+        sub.wait_log("connected to the engine", timeout=30)
+        wait_until(lambda: a.ready() and b.ready(), 30, "both replicas ready")
 
         def store(seed: int) -> list[int]:
             tokens = prompt(seed)
@@ -137,7 +137,7 @@ def test_e2e_replicas_restart_from_snapshot_and_survive_redis_outage(
 
         # the subscriber is a slow joiner: store until the first prompt reaches the log
         first = prompt(1)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not holds_prompt(b, first, "replica-a"):
             assert time.monotonic() < deadline, "ingest never reached replica B"
             store(1)

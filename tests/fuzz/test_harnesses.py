@@ -73,3 +73,13 @@ def test_the_engine_frames_harness_catches_a_disagreement(monkeypatch: pytest.Mo
         except AssertionError:
             failures += 1
     assert failures >= 10  # every valid fixture the fast path decodes
+
+
+def test_a_nan_in_stats_read_alike_is_agreement() -> None:
+    """The campaign's first findings were the harness's own: NaN != NaN made two identical
+    readings of a stats row with a NaN hit rate look different."""
+    from fuzz import cache_state_update
+    from inferencecache.v1alpha1 import inferencecache_pb2 as pb
+
+    msg = pb.CacheStateUpdate(stats=pb.ReplicaStats(hit_rate=float("nan")))
+    cache_state_update.check(msg.SerializeToString())
