@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import threading
 import time
@@ -22,6 +21,7 @@ import grpc
 import grpc.aio
 
 from inferencecache.config import setting
+from inferencecache.config.reloading import signature
 
 log = logging.getLogger("inferencecache.channels")
 
@@ -125,14 +125,8 @@ class ChannelSecurity:
     def tls_stamp(self) -> Stamp:
         """(mtime, size, inode) of the CA, certificate and key files: what a long-lived client
         compares to notice a renewed certificate (``FollowedChannel``)."""
-        out: list[tuple[int, int, int] | None] = []
-        for path in (self.tls_ca_file, self.tls_cert_file, self.tls_key_file):
-            try:
-                st = os.stat(path) if path else None
-            except OSError:
-                st = None
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else None)
-        return tuple(out)
+        files = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        return tuple(signature(p) if p else None for p in files)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         if self.tls_cert_file and self.tls_key_file:
@@ -160,11 +154,7 @@ class ChannelSecurity:
             cached = self._token[0] if self._token else None
             if cached is not None and now < cached[0]:
                 return cached[2]
-            try:
-                st = os.stat(self.auth_token_file)
-                stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-            except OSError:
-                stamp = None
+            stamp = signature(self.auth_token_file)
             if cached is not None and (stamp is None or stamp == cached[1]):
                 value = cached[2]  # unchanged, or gone for now (keep the last token)
             else:

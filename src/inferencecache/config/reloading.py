@@ -33,7 +33,7 @@ RELOAD_CHECK_S = 1.0
 Signature = tuple[int, int, int]
 
 
-def signature(path: Path) -> Signature | None:
+def signature(path: str | Path) -> Signature | None:
     """(mtime_ns, size, inode) of ``path``, or None when it cannot be stat'ed."""
     try:
         st = os.stat(path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from inferencecache.config import HostPort
+from inferencecache.config.reloading import Signature, signature
 
 
 class AuthConfigError(Exception):
@@ -212,12 +212,8 @@ class CredentialsFile:
         self._stamp = self._stat()
         self.credentials = self._read()
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def _stat(self) -> Signature | None:
+        return signature(self.path)
 
     def _read(self) -> list[Credential]:
         try:

@@ -7,7 +7,6 @@ certificate they were made with.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import Counter
+
+from inferencecache.config.reloading import Signature, signature
 
 log = logging.getLogger("inferencecache.server")
 
@@ -73,15 +74,9 @@ class ReloadingServerCredentials:
         self._stamp = self._stat()
         self._config = self._build(*load(files))
 
-    def _stat(self) -> tuple[tuple[int, int, int] | None, ...]:
-        out: list[tuple[int, int, int] | None] = []
-        for path in (self.files.cert_file, self.files.key_file, self.files.client_ca_file):
-            try:
-                st = os.stat(path) if path else None
-            except OSError:
-                st = None
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else None)
-        return tuple(out)
+    def _stat(self) -> tuple[Signature | None, ...]:
+        paths = (self.files.cert_file, self.files.key_file, self.files.client_ca_file)
+        return tuple(signature(p) if p else None for p in paths)
 
     def _build(self, cert: bytes, key: bytes, ca: bytes | None) -> object:
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
