@@ -139,7 +139,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 "--block-size", str(BLOCK), "--stats-interval", "200ms",
                 "--engine-metrics-url", f"http://{ready['http_address']}/metrics",
             )  # fmt: skip
-            sub.wait_log("metrics listening", timeout=30)
+            sub.wait_log("connected to the engine", timeout=30)  # no store lost to ZeroMQ
         yield f
     finally:
         f.close()

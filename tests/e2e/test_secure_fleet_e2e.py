@@ -61,11 +61,12 @@ def test_subscriber_over_mtls_with_credentials(procs: Children, tmp_path: Path) 
                    "INFERENCECACHE_TLS_CERT_FILE": str(sidecar.cert_file),
                    "INFERENCECACHE_TLS_KEY_FILE": str(sidecar.key_file)}  # fmt: skip
         good = procs.start(*common, "--replica-id", "good", env=tls_env)
-        good.wait_log("metrics listening", timeout=20)
+        good.wait_log("connected to the engine", timeout=30)
         # the same certificate, but a token (which wins) bound to another tenant
         bad = procs.start(*common, "--replica-id", "bad", "--auth-token-file", str(wrong),
                           env=tls_env)  # fmt: skip
-        bad.wait_log("metrics listening", timeout=20)
+        # both must see the engine's stores: a batch published before a SUB connected is lost
+        bad.wait_log("connected to the engine", timeout=30)
         tokens = [random.Random(7).randrange(1, 100_000) for _ in range(6 * BLOCK)]
         sec = ChannelSecurity(tls_ca_file=str(ca.file), tls_cert_file=str(sidecar.cert_file),
                               tls_key_file=str(sidecar.key_file))  # fmt: skip
