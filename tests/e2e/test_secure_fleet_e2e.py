@@ -9,6 +9,7 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -82,8 +83,18 @@ def test_subscriber_over_mtls_with_credentials(procs: Children, tmp_path: Path) 
                 return [s.replica_id for s in resp.replica_scores]
 
             assert wait_for(matched, timeout=30, interval=0.3) == ["good"]
-            refused = bad.wait_log(lambda r: "refused this sidecar's credential"
-                                   in str(r.get("err", "")), timeout=30)  # fmt: skip
+
+            def is_refusal(r: dict[str, Any]) -> bool:
+                return "refused this sidecar's credential" in str(r.get("err", ""))
+
+            def refusal_logged() -> bool:
+                # a SUB socket's subscription reaches the engine a moment after it connects:
+                # store until the refused sidecar has had something to send
+                engine.send(json.dumps({"op": "store", "tokens": tokens}))
+                return bad.count(is_refusal) > 0
+
+            assert wait_for(refusal_logged, timeout=30, interval=0.3)
+            refused = bad.wait_log(is_refusal, timeout=5)
             assert "PERMISSION_DENIED" in refused["err"]
             assert bad.alive() and good.alive()
             with pytest.raises(grpc.RpcError) as e:  # the sidecar's certificate cannot read
