@@ -10,7 +10,9 @@ and simulated engines, so a body limit or a bind behaves the same in each.
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 from typing import Any
 
 from aiohttp import web
@@ -134,3 +136,62 @@ class Listener:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class LoopThread:
+    """A server that runs its own event loop on a daemon thread: ``start`` returns once
+    ``_setup`` has run there (re-raising its failure), ``stop`` stops the loop and joins, and
+    ``_cleanup`` runs on the loop before it closes. Subclasses give the loop (``_new_loop``)
+    and the two coroutines."""
+
+    _thread_name = "loop"
+    _what = "server"
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.new_event_loop()
+
+    async def _setup(self) -> None:
+        raise NotImplementedError
+
+    async def _cleanup(self) -> None:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise RuntimeError(f"{self._what} did not start in time")
+        if self._error is not None:
+            raise RuntimeError(f"{self._what} failed to start: {self._error}") from self._error
+
+    def _run(self) -> None:
+        loop = self._new_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._setup())
+        except BaseException as e:  # reported to start()
+            self._error = e
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._cleanup())
+            loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, finish in-flight requests (bounded), close the loop."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)

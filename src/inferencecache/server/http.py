@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,7 +24,7 @@ from inferencecache.server.auth import OK, BearerAuth
 from inferencecache.server.live import MAX_LOOKUP_BODY, LiveView, LookupInputError, page_html
 from inferencecache.server.metrics import ServerMetrics
 from inferencecache.supervise import Drops
-from inferencecache.web import guard_middleware, read_limited
+from inferencecache.web import LoopThread, guard_middleware, read_limited
 
 log = logging.getLogger("inferencecache.server.http")
 
@@ -200,42 +199,16 @@ def build_apps(cfg: HttpConfig, separate_admin: bool) -> tuple[web.Application, 
     return public, admin
 
 
-class HttpServer:
+class HttpServer(LoopThread):
     """Serves the apps on pre-bound sockets from a dedicated thread and event loop."""
 
+    _thread_name = "http"
+    _what = "HTTP server"
+
     def __init__(self, sites: list[tuple[web.Application, socket.socket]]) -> None:
+        super().__init__()
         self._sites = sites
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
         self._runners: list[web.AppRunner] = []
-
-    def start(self, timeout: float = 10.0) -> None:
-        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise RuntimeError("HTTP server did not start in time")
-        if self._error is not None:
-            raise RuntimeError(f"HTTP server failed to start: {self._error}") from self._error
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._setup())
-        except BaseException as e:  # reported to start()
-            self._error = e
-            self._started.set()
-            loop.close()
-            return
-        self._started.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(self._cleanup())
-            loop.close()
 
     async def _setup(self) -> None:
         for app, sock in self._sites:  # a distinct app per socket (see build_apps)
@@ -250,11 +223,3 @@ class HttpServer:
                 await runner.cleanup()
             except Exception:
                 log.exception("HTTP cleanup failed")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, finish in-flight requests (bounded), close the loop."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive():
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)

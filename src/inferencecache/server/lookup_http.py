@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 from collections.abc import Callable
 from typing import cast
 
@@ -40,6 +39,7 @@ from inferencecache.index.model import LookupRequest
 from inferencecache.server import lookup_json, lookup_wire
 from inferencecache.server.lookup_path import LookupDenied, LookupPath
 from inferencecache.server.settings import MAX_RECEIVE_MESSAGE_BYTES
+from inferencecache.web import LoopThread
 
 log = logging.getLogger("inferencecache.server.http")
 
@@ -310,44 +310,21 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
-class LookupHttpServer:
+class LookupHttpServer(LoopThread):
     """Serves ``LookupHttp`` on a pre-bound socket from its own thread and uvloop loop."""
 
+    _thread_name = "lookup-http"
+    _what = "HTTP lookup listener"
+
     def __init__(self, sock: socket.socket, path: LookupPath) -> None:
+        super().__init__()
         self._sock = sock
         self._app = LookupHttp(path)
         self._connections: set[_Connection] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
         self._listener: asyncio.AbstractServer | None = None
 
-    def start(self, timeout: float = 10.0) -> None:
-        self._thread = threading.Thread(target=self._run, name="lookup-http", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise RuntimeError("HTTP lookup listener did not start in time")
-        if self._error is not None:
-            raise RuntimeError(f"HTTP lookup listener failed: {self._error}") from self._error
-
-    def _run(self) -> None:
-        loop = _new_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._setup())
-        except BaseException as e:  # reported to start()
-            self._error = e
-            self._started.set()
-            loop.close()
-            return
-        self._started.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(self._cleanup())
-            loop.close()
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        return _new_loop()
 
     async def _setup(self) -> None:
         loop = asyncio.get_running_loop()
@@ -368,14 +345,6 @@ class LookupHttpServer:
                 await asyncio.sleep(0.1)
         except Exception:
             log.exception("HTTP lookup listener cleanup failed")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, finish in-flight requests (bounded), close the loop."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive():
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
 
 
 __all__ = ["LookupHttp", "LookupHttpServer"]
